@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Idempotent setup: Open MPI, .venv (Python 3.11), PyTorch + TensorFlow, and
+# Horovod 0.28.1 built from source with PyTorch, TensorFlow, MPI and Gloo.
+# The Horovod wheel is cached outside the repo, keyed by the versions it was
+# built against, so a fresh clone reuses it in seconds.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${HVDSKETCH_VENV:-$ROOT/.venv}
+PY=${HVDSKETCH_PYTHON:-python3.11}
+HOROVOD_VERSION=0.28.1
+TORCH_VERSION=2.13.0
+TF_VERSION=2.18.1
+TF_KERAS_VERSION=2.18.0
+CACHE=${HVDSKETCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdsketch}
+KEY="horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-$($PY -c 'import sys; print("py%d.%d" % sys.version_info[:2])')"
+WHEELDIR=$CACHE/$KEY
+STAMP=$VENV/.hvdsketch-setup-$KEY
+
+step() { STEP="$*"; echo "[setup] $*"; }
+trap 'echo "[setup] FAILED at step: ${STEP:-?} (exit $?)" >&2' ERR
+
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+
+step "Open MPI"
+if ! command -v mpirun >/dev/null || ! command -v tc >/dev/null || ! command -v mpicxx >/dev/null; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev iproute2 >/dev/null
+fi
+
+if [ -f "$STAMP" ] && [ "$ROOT/setup.cfg" -ot "$STAMP" ] && [ "$0" -ot "$STAMP" ]; then
+  echo "[setup] already set up ($KEY)"; exit 0
+fi
+
+step "virtual environment $VENV"
+[ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
+PIP="$VENV/bin/python -m pip"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+step "PyTorch $TORCH_VERSION, TensorFlow $TF_VERSION and Python dependencies"
+$PIP install -q --upgrade pip setuptools wheel
+$PIP install -q "torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "tf-keras==$TF_KERAS_VERSION" \
+  mpi4py numpy PyYAML pytest pytest-timeout hypothesis tqdm matplotlib cmake packaging psutil cloudpickle
+
+step "Horovod $HOROVOD_VERSION wheel ($KEY)"
+if ! ls "$WHEELDIR"/horovod-*.whl >/dev/null 2>&1; then
+  BUILD=$(mktemp -d)
+  $PIP download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD"
+  tar -xzf "$BUILD"/horovod-$HOROVOD_VERSION.tar.gz -C "$BUILD"
+  SRC=$BUILD/horovod-$HOROVOD_VERSION
+  # Horovod 0.28.1 pins C++14; PyTorch >= 2.1 headers need C++17 (both files, or Gloo links fail).
+  sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/; s/-std=c++14/-std=c++17/g' \
+    "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
+  grep -q 'CMAKE_CXX_STANDARD 17' "$SRC/CMakeLists.txt"
+  grep -q 'CMAKE_CXX_STANDARD 17' "$SRC/horovod/torch/CMakeLists.txt"
+  echo "[setup] building Horovod (several minutes, once per version key)"
+  (cd "$SRC" && PATH="$VENV/bin:$PATH" HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 \
+     HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1 \
+     TF_USE_LEGACY_KERAS=1 MAKEFLAGS="-j$(nproc)" \
+     $PIP wheel --no-build-isolation --no-deps -w "$BUILD/dist" . > "$BUILD/build.log" 2>&1) \
+     || { tail -40 "$BUILD/build.log" >&2; false; }
+  mkdir -p "$WHEELDIR"
+  cp "$BUILD"/dist/horovod-*.whl "$WHEELDIR"/
+  rm -rf "$BUILD"
+fi
+$PIP install -q --no-deps --force-reinstall "$WHEELDIR"/horovod-*.whl
+
+step "hvdsketch (editable)"
+$PIP install -q --no-build-isolation --no-deps -e "$ROOT"
+
+step "horovodrun --check-build"
+CHECK=$("$VENV/bin/horovodrun" --check-build)
+echo "$CHECK"
+for want in TensorFlow PyTorch MPI Gloo; do
+  echo "$CHECK" | grep -q "\[X\] $want" || { echo "[setup] Horovod lacks $want" >&2; false; }
+done
+touch "$STAMP"
+echo "[setup] done ($KEY)"
