@@ -35,17 +35,18 @@ fi
 step "virtual environment $VENV"
 [ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
-export PIP_DISABLE_PIP_VERSION_CHECK=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore
+quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; return "${PIPESTATUS[0]}"; }
 
 step "PyTorch $TORCH_VERSION, TensorFlow $TF_VERSION and Python dependencies"
-$PIP install -q --upgrade pip setuptools wheel
-$PIP install -q "torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "tf-keras==$TF_KERAS_VERSION" \
-  mpi4py numpy PyYAML pytest pytest-timeout hypothesis tqdm matplotlib cmake packaging psutil cloudpickle
+quiet $PIP install -q --upgrade pip setuptools wheel
+quiet $PIP install -q "torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "tf-keras==$TF_KERAS_VERSION" \
+  mpi4py numpy PyYAML pytest pytest-timeout hypothesis tqdm matplotlib "cmake>=3.13,<4" packaging psutil cloudpickle
 
 step "Horovod $HOROVOD_VERSION wheel ($KEY)"
 if ! ls "$WHEELDIR"/horovod-*.whl >/dev/null 2>&1; then
   BUILD=$(mktemp -d)
-  $PIP download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD"
+  quiet $PIP download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD"
   tar -xzf "$BUILD"/horovod-$HOROVOD_VERSION.tar.gz -C "$BUILD"
   SRC=$BUILD/horovod-$HOROVOD_VERSION
   # Horovod 0.28.1 pins C++14; PyTorch >= 2.1 headers need C++17 (both files, or Gloo links fail).
@@ -63,10 +64,10 @@ if ! ls "$WHEELDIR"/horovod-*.whl >/dev/null 2>&1; then
   cp "$BUILD"/dist/horovod-*.whl "$WHEELDIR"/
   rm -rf "$BUILD"
 fi
-$PIP install -q --no-deps --force-reinstall "$WHEELDIR"/horovod-*.whl
+quiet $PIP install -q --no-deps --force-reinstall "$WHEELDIR"/horovod-*.whl
 
 step "hvdsketch (editable)"
-$PIP install -q --no-build-isolation --no-deps -e "$ROOT"
+quiet $PIP install -q --no-build-isolation --no-deps -e "$ROOT"
 
 step "horovodrun --check-build"
 CHECK=$("$VENV/bin/horovodrun" --check-build)

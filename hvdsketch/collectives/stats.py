@@ -1,0 +1,51 @@
+"""Bytes on the wire, counted per rank and per collective.
+
+Every communicator records each call here, so benchmarks and optimizers
+report measured volumes. For collectives whose wire schedule hvdsketch
+implements (the MPI layer) the counts are the exact message sizes; for
+Horovod's own allreduce, whose schedule lives in C++, they follow the ring
+algorithm: each rank sends and receives ``2 (N - 1) / N`` times the buffer.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, asdict
+
+
+@dataclass
+class Counter:
+    calls: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+class CommStats:
+    """Per-collective counters of one rank."""
+
+    def __init__(self) -> None:
+        self._by_collective: dict[str, Counter] = defaultdict(Counter)
+
+    def record(self, collective: str, sent: int, received: int) -> None:
+        counter = self._by_collective[collective]
+        counter.calls += 1
+        counter.bytes_sent += int(sent)
+        counter.bytes_received += int(received)
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(c.bytes_sent for c in self._by_collective.values())
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(c.bytes_received for c in self._by_collective.values())
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        return {name: asdict(c) for name, c in sorted(self._by_collective.items())}
+
+    def reset(self) -> None:
+        self._by_collective.clear()
+
+
+def ring_allreduce_bytes(nbytes: int, size: int) -> int:
+    """Bytes one rank sends (and receives) in a ring allreduce of ``nbytes``."""
+    return 0 if size <= 1 else 2 * (size - 1) * nbytes // size

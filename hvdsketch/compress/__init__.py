@@ -1,0 +1,25 @@
+"""Gradient compressors, each written once against :mod:`hvdsketch.ops`.
+
+:func:`create` turns a compression flag (``"sketch:error=0.5"``) into a
+compressor; :data:`REGISTRY` maps every flag name to its class.
+"""
+from __future__ import annotations
+
+from hvdsketch import spec as _spec
+from hvdsketch.compress.base import Compressor, Message, TensorContext
+from hvdsketch.compress.dense import HalfPrecision, NoCompression
+from hvdsketch.compress.sketch import RowSparse, SparseSketch
+
+REGISTRY: dict[str, type[Compressor]] = {
+    cls.name: cls for cls in (NoCompression, HalfPrecision, SparseSketch)
+}
+
+
+def create(flag: "str | _spec.Spec | Compressor") -> Compressor:
+    """The compressor a flag names, its options validated (raises :class:`hvdsketch.spec.SpecError`)."""
+    if isinstance(flag, Compressor):
+        return flag
+    return _spec.build(flag, REGISTRY)
+
+
+__all__ = ["Compressor", "Message", "TensorContext", "RowSparse", "REGISTRY", "create"]

@@ -1,0 +1,96 @@
+"""What every compressor is: a round-based exchange of messages.
+
+Following GRACE's split, a :class:`Compressor` only says what to send and how
+to read what comes back; a communicator (:mod:`hvdsketch.collectives`)
+moves the messages, and a residual memory (:mod:`hvdsketch.memory`) adds
+error feedback around it. Most methods need one round
+(``compress -> reduce -> decompress``); methods such as PowerSGD need two, so
+the contract is a generator that yields the messages of each round and
+receives their reduction::
+
+    def exchange(self, tensor, ctx):
+        messages, state = self.compress(tensor, ctx)
+        reduced = yield messages
+        return self.decompress(reduced, state, ctx)
+
+Drivers run all tensors' generators in lock step, so the messages of one
+round travel in one fused collective per reduction op.
+"""
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generator, Literal, Sequence
+
+Op = Literal["average", "max", "allgather", "bor"]
+Exchange = Generator["list[Message]", "list[Any]", Any]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One tensor to reduce across ranks and how.
+
+    ``average``: element-wise mean (Horovod's ``op=Average``); ``max``:
+    element-wise maximum; ``allgather``: rank-ordered concatenation along
+    dimension 0, sizes may differ by rank; ``bor``: bitwise OR of ``uint8``.
+    """
+
+    tensor: Any
+    op: Op = "average"
+
+
+@dataclass(frozen=True)
+class TensorContext:
+    """What a compressor may know of a tensor besides its values."""
+
+    name: str
+    shape: tuple[int, ...]
+    step: int = 0
+    world_size: int = 1
+
+
+class Compressor(ABC):
+    """Base of all compressors; subclasses are dataclasses whose fields are the flag's options."""
+
+    #: The name used in the compression flag.
+    name: ClassVar[str]
+    #: True when one ``average`` message of the tensor's dtype carries the whole
+    #: exchange, so the compressor drops into Horovod's own ``compression=``.
+    drop_in: ClassVar[bool] = False
+
+    def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
+        """Yield each round's messages, receive their reductions, return the averaged tensor."""
+        messages, state = self.compress(tensor, ctx)
+        reduced = yield messages
+        return self.decompress(reduced, state, ctx)
+
+    @abstractmethod
+    def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
+        """The messages to send for ``tensor`` and the local state to decompress with."""
+
+    @abstractmethod
+    def decompress(self, reduced: Sequence[Any], state: Any, ctx: TensorContext) -> Any:
+        """The averaged dense tensor from the reduced messages."""
+
+    def payload_bytes(self, messages: Sequence[Message]) -> int:
+        """Bytes this rank contributes to the collectives for ``messages``."""
+        from hvdsketch.ops import backend
+
+        return sum(backend(m.tensor).nbytes(m.tensor) for m in messages)
+
+    def __str__(self) -> str:
+        opts = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)  # type: ignore[arg-type]
+                        if getattr(self, f.name) != f.default)
+        return f"{self.name}:{opts}" if opts else self.name
+
+
+def run(compressor: Compressor, tensor: Any, ctx: TensorContext, reduce) -> Any:
+    """Drive one tensor's exchange to the end with ``reduce(messages) -> reduced``."""
+    gen = compressor.exchange(tensor, ctx)
+    messages = next(gen)
+    while True:
+        try:
+            messages = gen.send(reduce(messages))
+        except StopIteration as done:
+            return done.value

@@ -1,0 +1,24 @@
+"""Tiny array back-ends, so each algorithm is written once.
+
+Every back-end module (`numpy`, `torch`, `tensorflow`) exposes the same
+functions with the same meaning; algorithms call them through the module
+that :func:`backend` returns for their input tensor and never import a
+framework themselves. Integer arithmetic is int64 throughout, so hashes
+agree bit for bit across back-ends.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+_MODULES = {"numpy": "numpy", "torch": "torch", "tensorflow": "tensorflow"}
+
+
+def backend(tensor: Any) -> ModuleType:
+    """The ops module for ``tensor``'s framework (numpy, torch or tensorflow)."""
+    root = type(tensor).__module__.split(".")[0]
+    if root not in _MODULES:
+        raise TypeError(f"hvdsketch: no array back-end for {type(tensor).__name__} "
+                        f"(module {type(tensor).__module__}); expected one of {sorted(_MODULES)}")
+    return importlib.import_module(f"{__name__}.{_MODULES[root]}")

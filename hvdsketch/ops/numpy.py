@@ -1,0 +1,148 @@
+"""NumPy back-end of :mod:`hvdsketch.ops` (reference and MPI layer)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+name = "numpy"
+Tensor = np.ndarray
+
+
+def dtype_name(x: Tensor) -> str:
+    return str(x.dtype)
+
+
+def is_floating(x: Tensor) -> bool:
+    return np.issubdtype(x.dtype, np.floating)
+
+
+def shape(x: Tensor) -> tuple[int, ...]:
+    return tuple(int(d) for d in x.shape)
+
+
+def cast(x: Tensor, dtype: str) -> Tensor:
+    return x.astype(dtype, copy=False)
+
+
+def reshape(x: Tensor, new_shape: Sequence[int]) -> Tensor:
+    return np.reshape(x, tuple(new_shape))
+
+
+def flatten(x: Tensor) -> Tensor:
+    return np.reshape(x, (-1,))
+
+
+def zeros(n: int | Sequence[int], dtype: str) -> Tensor:
+    return np.zeros(n, dtype=dtype)
+
+
+def arange(n: int) -> Tensor:
+    return np.arange(n, dtype=np.int64)
+
+
+def constant(values: Sequence[float], dtype: str) -> Tensor:
+    return np.asarray(values, dtype=dtype)
+
+
+def concat(xs: Sequence[Tensor]) -> Tensor:
+    return np.concatenate(list(xs))
+
+
+def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
+    return np.split(x, np.cumsum(sizes)[:-1])
+
+
+def pad(x: Tensor, n: int) -> Tensor:
+    """``x`` (1-D) followed by ``n`` zeros."""
+    return np.concatenate([x, np.zeros(n, dtype=x.dtype)])
+
+
+def nonzero_rows(x2d: Tensor) -> Tensor:
+    """int64 indices of the rows of ``x2d`` holding a non-zero (NaN counts as non-zero)."""
+    return np.flatnonzero(np.any(x2d != 0, axis=1)).astype(np.int64)
+
+
+def positive(x: Tensor) -> Tensor:
+    """int64 indices where ``x`` (1-D) is > 0."""
+    return np.flatnonzero(x > 0).astype(np.int64)
+
+
+def indicator(n: int, idx: Tensor, dtype: str) -> Tensor:
+    out = np.zeros(n, dtype=dtype)
+    out[idx] = 1
+    return out
+
+
+def gather(x: Tensor, idx: Tensor) -> Tensor:
+    return x[idx]
+
+
+def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
+    out = np.zeros(n, dtype=values.dtype)
+    out[idx] = values
+    return out
+
+
+def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
+    out = np.zeros(n, dtype=values.dtype)
+    np.add.at(out, idx, values)
+    return out
+
+
+def stack(xs: Sequence[Tensor]) -> Tensor:
+    return np.stack(list(xs))
+
+
+def sort0(x: Tensor) -> Tensor:
+    return np.sort(x, axis=0)
+
+
+def outer_add(a: Tensor, b: Tensor) -> Tensor:
+    """Flattened ``a[:, None] + b[None, :]``."""
+    return (a[:, None] + b[None, :]).reshape(-1)
+
+
+def where_less(x: Tensor, bound: int) -> Tensor:
+    """The entries of the int64 vector ``x`` that are < ``bound``."""
+    return x[x < bound]
+
+
+def all_finite(x: Tensor) -> bool:
+    return bool(np.isfinite(x).all())
+
+
+def check_finite(x: Tensor, message: str) -> Tensor:
+    if not np.isfinite(x).all():
+        raise FloatingPointError(message)
+    return x
+
+
+
+def check_close(a: Tensor, b: Tensor, rtol: float, message: str) -> None:
+    if not np.all(np.abs(a - b) <= rtol * np.abs(b)):
+        raise ValueError(message)
+
+
+def to_numpy(x: Tensor) -> np.ndarray:
+    return np.asarray(x)
+
+
+def nbytes(x: Tensor) -> int:
+    return int(x.nbytes)
+
+
+def coalesce_rows(indices: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """Distinct row indices (int64, sorted) and the sum of the rows given for each."""
+    rows, inverse = np.unique(indices.astype(np.int64), return_inverse=True)
+    summed = np.zeros((len(rows),) + values.shape[1:], dtype=values.dtype)
+    np.add.at(summed, inverse, values)
+    return rows, summed
+
+
+def bitwise_or_rows(x2d: Tensor) -> Tensor:
+    """Bitwise OR of the rows of an integer matrix."""
+    out = x2d[0]
+    for row in x2d[1:]:
+        out = out | row
+    return out

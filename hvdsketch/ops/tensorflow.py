@@ -1,0 +1,138 @@
+"""TensorFlow back-end of :mod:`hvdsketch.ops`; every function also works inside ``tf.function``."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+name = "tensorflow"
+Tensor = tf.Tensor
+
+
+def dtype_name(x: Tensor) -> str:
+    return x.dtype.name
+
+
+def is_floating(x: Tensor) -> bool:
+    return x.dtype.is_floating
+
+
+def shape(x: Tensor) -> tuple[int, ...]:
+    if not x.shape.is_fully_defined():
+        raise ValueError(f"hvdsketch: tensor {getattr(x, 'name', '')} has a partly unknown shape "
+                         f"{x.shape}; compression needs static shapes")
+    return tuple(int(d) for d in x.shape)
+
+
+def cast(x: Tensor, dtype: str) -> Tensor:
+    return tf.cast(x, dtype)
+
+
+def reshape(x: Tensor, new_shape: Sequence[int]) -> Tensor:
+    return tf.reshape(x, list(new_shape))
+
+
+def flatten(x: Tensor) -> Tensor:
+    return tf.reshape(x, [-1])
+
+
+def zeros(n: int | Sequence[int], dtype: str) -> Tensor:
+    return tf.zeros(n, dtype=dtype)
+
+
+def arange(n: int) -> Tensor:
+    return tf.range(n, dtype=tf.int64)
+
+
+def constant(values: Sequence[float], dtype: str) -> Tensor:
+    return tf.constant(list(values), dtype=dtype)
+
+
+def concat(xs: Sequence[Tensor]) -> Tensor:
+    return tf.concat(list(xs), axis=0)
+
+
+def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
+    return tf.split(x, list(sizes))
+
+
+def pad(x: Tensor, n: int) -> Tensor:
+    return tf.pad(x, [[0, n]])
+
+
+def nonzero_rows(x2d: Tensor) -> Tensor:
+    return tf.reshape(tf.where(tf.reduce_any(tf.not_equal(x2d, 0), axis=1)), [-1])
+
+
+def positive(x: Tensor) -> Tensor:
+    return tf.reshape(tf.where(x > 0), [-1])
+
+
+def indicator(n: int, idx: Tensor, dtype: str) -> Tensor:
+    return tf.scatter_nd(idx[:, None], tf.ones_like(idx, dtype=dtype), [n])
+
+
+def gather(x: Tensor, idx: Tensor) -> Tensor:
+    return tf.gather(x, idx)
+
+
+def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
+    return tf.scatter_nd(idx[:, None], values, [n])
+
+
+def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
+    return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype), idx[:, None], values)
+
+
+def stack(xs: Sequence[Tensor]) -> Tensor:
+    return tf.stack(list(xs))
+
+
+def sort0(x: Tensor) -> Tensor:
+    return tf.sort(x, axis=0)
+
+
+def outer_add(a: Tensor, b: Tensor) -> Tensor:
+    return tf.reshape(a[:, None] + b[None, :], [-1])
+
+
+def where_less(x: Tensor, bound: int) -> Tensor:
+    return tf.boolean_mask(x, x < bound)
+
+
+def all_finite(x: Tensor) -> bool:
+    return bool(tf.reduce_all(tf.math.is_finite(x)))
+
+
+def check_finite(x: Tensor, message: str) -> Tensor:
+    return tf.debugging.assert_all_finite(x, message)
+
+
+
+def check_close(a: Tensor, b: Tensor, rtol: float, message: str) -> None:
+    tf.debugging.assert_less_equal(tf.abs(a - b), rtol * tf.abs(b), message=message)
+
+
+def to_numpy(x: Tensor) -> np.ndarray:
+    return x.numpy()
+
+
+def nbytes(x: Tensor) -> int:
+    """Bytes of ``x``; its shape must be static."""
+    n = 1
+    for d in shape(x):
+        n *= d
+    return n * x.dtype.size
+
+
+def coalesce_rows(indices: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """Distinct row indices (int64, sorted) and the sum of the rows given for each."""
+    rows = tf.sort(tf.unique(tf.cast(indices, tf.int64)).y)
+    position = tf.searchsorted(rows, tf.cast(indices, tf.int64))
+    return rows, tf.math.unsorted_segment_sum(values, position, tf.shape(rows)[0])
+
+
+def bitwise_or_rows(x2d: Tensor) -> Tensor:
+    """Bitwise OR of the rows of an integer matrix."""
+    return tf.foldl(tf.bitwise.bitwise_or, x2d[1:], initializer=x2d[0])

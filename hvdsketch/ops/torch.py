@@ -1,0 +1,146 @@
+"""PyTorch back-end of :mod:`hvdsketch.ops`."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+name = "torch"
+Tensor = torch.Tensor
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+           "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
+           "uint8": torch.uint8, "bool": torch.bool}
+
+
+def dtype_name(x: Tensor) -> str:
+    return str(x.dtype).removeprefix("torch.")
+
+
+def is_floating(x: Tensor) -> bool:
+    return x.is_floating_point()
+
+
+def shape(x: Tensor) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def cast(x: Tensor, dtype: str) -> Tensor:
+    return x.to(_DTYPES[dtype])
+
+
+def reshape(x: Tensor, new_shape: Sequence[int]) -> Tensor:
+    return x.reshape(tuple(new_shape))
+
+
+def flatten(x: Tensor) -> Tensor:
+    return x.reshape(-1)
+
+
+def zeros(n: int | Sequence[int], dtype: str, like: Tensor | None = None) -> Tensor:
+    return torch.zeros(n, dtype=_DTYPES[dtype], device=None if like is None else like.device)
+
+
+def arange(n: int) -> Tensor:
+    return torch.arange(n, dtype=torch.int64)
+
+
+def constant(values: Sequence[float], dtype: str) -> Tensor:
+    return torch.tensor(list(values), dtype=_DTYPES[dtype])
+
+
+def concat(xs: Sequence[Tensor]) -> Tensor:
+    return torch.cat(list(xs))
+
+
+def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
+    return list(torch.split(x, list(sizes)))
+
+
+def pad(x: Tensor, n: int) -> Tensor:
+    return torch.nn.functional.pad(x, (0, n))
+
+
+def nonzero_rows(x2d: Tensor) -> Tensor:
+    return torch.nonzero((x2d != 0).any(dim=1)).reshape(-1)
+
+
+def positive(x: Tensor) -> Tensor:
+    return torch.nonzero(x > 0).reshape(-1)
+
+
+def indicator(n: int, idx: Tensor, dtype: str) -> Tensor:
+    out = torch.zeros(n, dtype=_DTYPES[dtype], device=idx.device)
+    out[idx] = 1
+    return out
+
+
+def gather(x: Tensor, idx: Tensor) -> Tensor:
+    return x[idx.to(x.device)]
+
+
+def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
+    out = torch.zeros(n, dtype=values.dtype, device=values.device)
+    out[idx.to(values.device)] = values
+    return out
+
+
+def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
+    out = torch.zeros(n, dtype=values.dtype, device=values.device)
+    return out.index_add_(0, idx.to(values.device), values)
+
+
+def stack(xs: Sequence[Tensor]) -> Tensor:
+    return torch.stack(list(xs))
+
+
+def sort0(x: Tensor) -> Tensor:
+    return torch.sort(x, dim=0).values
+
+
+def outer_add(a: Tensor, b: Tensor) -> Tensor:
+    return (a[:, None] + b[None, :]).reshape(-1)
+
+
+def where_less(x: Tensor, bound: int) -> Tensor:
+    return x[x < bound]
+
+
+def all_finite(x: Tensor) -> bool:
+    return bool(torch.isfinite(x).all())
+
+
+def check_finite(x: Tensor, message: str) -> Tensor:
+    if not torch.isfinite(x).all():
+        raise FloatingPointError(message)
+    return x
+
+
+
+def check_close(a: Tensor, b: Tensor, rtol: float, message: str) -> None:
+    if not bool(((a - b).abs() <= rtol * b.abs()).all()):
+        raise ValueError(message)
+
+
+def to_numpy(x: Tensor) -> np.ndarray:
+    return x.detach().cpu().numpy()
+
+
+def nbytes(x: Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
+def coalesce_rows(indices: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """Distinct row indices (int64, sorted) and the sum of the rows given for each."""
+    rows, inverse = torch.unique(indices.to(torch.int64), return_inverse=True)
+    summed = torch.zeros((len(rows),) + tuple(values.shape[1:]), dtype=values.dtype, device=values.device)
+    return rows, summed.index_add_(0, inverse, values)
+
+
+def bitwise_or_rows(x2d: Tensor) -> Tensor:
+    """Bitwise OR of the rows of an integer matrix."""
+    out = x2d[0]
+    for row in x2d[1:]:
+        out = out | row
+    return out
