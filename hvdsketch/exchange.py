@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from hvdsketch.collectives import Communicator
 from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
+from hvdsketch.compress.base import ResidualMemory
 from hvdsketch.ops import backend
 
 
@@ -29,12 +30,14 @@ def is_passthrough(tensor: Any) -> bool:
 
 
 def exchange_all(jobs: Sequence[tuple[Compressor, Any, TensorContext]],
-                 communicator: Communicator) -> list[Any]:
-    """Averaged results of every ``(compressor, tensor, ctx)``, in order."""
+                 communicator: Communicator, memory: ResidualMemory | None = None) -> list[Any]:
+    """Averaged results of every ``(compressor, tensor, ctx)``, in order, with error feedback
+    from ``memory`` if given."""
     dense = create("none")
     running = {}
     for i, (compressor, tensor, ctx) in enumerate(jobs):
-        running[i] = (dense if is_passthrough(tensor) else compressor).exchange(tensor, ctx)
+        running[i] = (dense.exchange(tensor, ctx) if is_passthrough(tensor)
+                      else compressor.exchange(tensor, ctx, memory))
     pending = {i: next(gen) for i, gen in running.items()}
     results: list[Any] = [None] * len(jobs)
     while running:

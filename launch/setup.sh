@@ -70,7 +70,7 @@ step "hvdsketch (editable)"
 quiet $PIP install -q --no-build-isolation --no-deps -e "$ROOT"
 
 step "horovodrun --check-build"
-CHECK=$("$VENV/bin/horovodrun" --check-build)
+CHECK=$(TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/horovodrun" --check-build 2>/dev/null)
 echo "$CHECK"
 for want in TensorFlow PyTorch MPI Gloo; do
   echo "$CHECK" | grep -q "\[X\] $want" || { echo "[setup] Horovod lacks $want" >&2; false; }

@@ -21,10 +21,18 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generator, Literal, Sequence
+from typing import Any, ClassVar, Generator, Literal, Protocol, Sequence
 
 Op = Literal["average", "max", "allgather", "bor"]
 Exchange = Generator["list[Message]", "list[Any]", Any]
+
+
+class ResidualMemory(Protocol):
+    """Error-feedback state per tensor name (see :mod:`hvdsketch.memory`)."""
+
+    def compensate(self, name: str, tensor: Any) -> Any: ...
+
+    def update(self, name: str, compensated: Any, estimate: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -59,11 +67,24 @@ class Compressor(ABC):
     #: exchange, so the compressor drops into Horovod's own ``compression=``.
     drop_in: ClassVar[bool] = False
 
-    def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
-        """Yield each round's messages, receive their reductions, return the averaged tensor."""
+    def exchange(self, tensor: Any, ctx: TensorContext, memory: "ResidualMemory | None" = None) -> Exchange:
+        """Yield each round's messages, receive their reductions, return the averaged tensor.
+
+        With a residual ``memory`` (error feedback, Seide et al. 2014; Karimireddy et al. 2019)
+        the tensor is compensated first, ``g' = g + e``, and the memory keeps what this rank's
+        messages failed to carry, ``e = g' - estimate(messages)``.
+        """
+        if memory is not None:
+            tensor = memory.compensate(ctx.name, tensor)
         messages, state = self.compress(tensor, ctx)
+        if memory is not None:
+            memory.update(ctx.name, tensor, self.estimate(messages, state, ctx))
         reduced = yield messages
         return self.decompress(reduced, state, ctx)
+
+    def estimate(self, messages: Sequence[Message], state: Any, ctx: TensorContext) -> Any:
+        """What this rank's own messages carry, as a dense tensor: the reduction over one rank."""
+        return self.decompress([m.tensor for m in messages], state, dataclasses.replace(ctx, world_size=1))
 
     @abstractmethod
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:

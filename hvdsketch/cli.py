@@ -1,0 +1,54 @@
+"""``hvdsketch info | train | plan | bench {collectives,compressors,train}``.
+
+Each command lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``; modules import frameworks inside ``run`` only, so the
+CLI starts fast and never loads PyTorch and TensorFlow together.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("hvdsketch.info", "versions, Horovod build, rank and size"),
+    "train": ("hvdsketch.train", "train a workload from a YAML config (run under horovodrun)"),
+    "plan": ("hvdsketch.memory.plan_cli", "show the residual-memory plan for a config"),
+}
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "collectives": ("hvdsketch.bench.collectives", "sparse collectives against dense allreduce"),
+    "compressors": ("hvdsketch.bench.compressors", "ratio, throughput and error of every compressor"),
+    "train": ("hvdsketch.bench.train", "training matrix on the emulated cluster"),
+}
+
+
+def _add(sub: argparse._SubParsersAction, name: str, module: str, help_text: str) -> None:
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if not module.startswith(err.name or "\0"):
+            raise
+        return  # that command is not part of this build
+    parser = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip())
+    mod.add_arguments(parser)
+    parser.set_defaults(run=mod.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hvdsketch", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        _add(sub, name, module, help_text)
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="benchmark", required=True)
+    for name, (module, help_text) in BENCHMARKS.items():
+        _add(bench, name, module, help_text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
