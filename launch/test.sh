@@ -35,7 +35,7 @@ suite() {
   printf '%-28s %4d passed, %d failed  (%ds, exit %d)\n' "$name" "$p" "$f" $((SECONDS - start)) "$rc"
 }
 
-PYTEST=(python -m pytest -q -p no:cacheprovider -o addopts= --timeout=600)
+PYTEST=(python -m pytest -q --color=no -p no:cacheprovider -o addopts= --timeout=600)
 suite unit 1500 "$LOGS/unit.log" "${PYTEST[@]}" tests/unit
 for np in 2 4; do
   for s in plain torch tensorflow; do
