@@ -95,3 +95,31 @@ class DropInCompression:
 
     def __repr__(self) -> str:
         return f"DropInCompression({str(self.compressor)!r})"
+
+
+class _Preset:
+    """A class attribute that yields a fresh drop-in compression per access (``Compression.fp16``)."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __get__(self, obj: Any, owner: type) -> DropInCompression:
+        return owner.drop_in(self.flag)
+
+
+class CompressionNamespace:
+    """Horovod's ``Compression`` namespace, extended with every drop-in hvdsketch compressor."""
+
+    drop_in: type[DropInCompression] = DropInCompression
+    none = _Preset("none")
+    fp16 = _Preset("fp16")
+
+    @classmethod
+    def from_spec(cls, flag: str) -> DropInCompression:
+        """Any drop-in compressor by its flag, e.g. ``"sketch:error=0.5,rows=3"``."""
+        return cls.drop_in(flag)
+
+    @classmethod
+    def sketch(cls, **options: Any) -> DropInCompression:
+        """The sparse-sketch; options as in :class:`hvdsketch.compress.sketch.SparseSketch`."""
+        return cls.drop_in(create("sketch", **options))

@@ -36,6 +36,8 @@ def exchange_all(jobs: Sequence[tuple[Compressor, Any, TensorContext]],
     dense = create("none")
     running = {}
     for i, (compressor, tensor, ctx) in enumerate(jobs):
+        if isinstance(tensor, RowSparse) and (memory is not None or not compressor.row_sparse):
+            tensor = tensor.to_dense()  # residuals and most compressors are dense anyway
         running[i] = (dense.exchange(tensor, ctx) if is_passthrough(tensor)
                       else compressor.exchange(tensor, ctx, memory))
     pending = {i: next(gen) for i, gen in running.items()}
@@ -69,19 +71,17 @@ def digest(text: str) -> int:
 
 
 def verify_agreement(communicator: Communicator, description: str, ops_module: Any) -> None:
-    """Raise :class:`AgreementError` on every rank unless all ranks pass the same ``description``.
+    """Fail on every rank unless all ranks pass the same ``description``.
 
-    One allgather of an int64 digest: cheap, and every rank sees every digest,
-    so all ranks reach the same verdict and none hangs.
+    One allgather of an int64 digest: every rank sees every digest, so all
+    ranks reach the same verdict and none hangs. Works eagerly (raises
+    :class:`AgreementError`) and inside ``tf.function`` (an assertion op).
     """
     from hvdsketch.compress.base import Message
 
     local = ops_module.constant([digest(description)], "int64")
     (gathered,) = communicator.reduce([Message(local, "allgather")])
-    values = [int(v) for v in ops_module.to_numpy(gathered)]
-    differing = [r for r, v in enumerate(values) if v != values[0]]
-    if differing:
-        raise AgreementError(
-            f"hvdsketch: ranks {differing} run a different compression setup than rank 0 "
-            f"(this is rank {communicator.rank}: {description[:200]}); start every rank with the same "
-            f"--compression / HVDSKETCH_COMPRESSION / config and the same model")
+    ops_module.check_all_equal(
+        gathered, f"hvdsketch: ranks run different compression setups or models (rank "
+                  f"{communicator.rank} runs: {description[:300]}); start every rank with the same "
+                  f"--compression / HVDSKETCH_COMPRESSION / config and the same model", AgreementError)

@@ -78,23 +78,29 @@ def _convert(text: str, kind: Any, where: str) -> Any:
         raise SpecError(f"{where}: {text!r} is not a valid {getattr(kind, '__name__', kind)}") from None
 
 
-def build(spec: "str | Spec", registry: Mapping[str, type]) -> Any:
-    """Instantiate the dataclass that ``registry`` holds under the spec's name."""
+def build(spec: "str | Spec", registry: Mapping[str, type], kind: str = "compressor", **options: Any) -> Any:
+    """Instantiate the dataclass that ``registry`` holds under the spec's name.
+
+    Options come from the spec's text (converted by field type) or, for a bare
+    name, as Python keyword arguments (``build("sketch", registry, rows=3)``).
+    """
     spec = Spec.parse(spec)
+    if spec.options and options:
+        raise SpecError(f"give options either in the spec {str(spec)!r} or as keywords, not both")
     if spec.name not in registry:
-        raise SpecError(f"unknown compressor {spec.name!r}; valid: {', '.join(sorted(registry))}")
+        raise SpecError(f"unknown {kind} {spec.name!r}; valid: {', '.join(sorted(registry))}")
     cls = registry[spec.name]
     hints = typing.get_type_hints(cls)
     fields = {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(spec.options) - set(fields))
+    unknown = sorted((set(spec.options) | set(options)) - set(fields))
     if unknown:
         valid = ", ".join(sorted(fields)) or "(none)"
         raise SpecError(f"unknown option(s) {', '.join(unknown)} for {spec.name!r}; valid: {valid}")
-    kwargs = {k: _convert(v, fields[k], f"{spec.name}:{k}") for k, v in spec.options.items()}
+    kwargs = {k: _convert(v, fields[k], f"{spec.name}:{k}") for k, v in spec.options.items()} or options
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
-        raise SpecError(f"{spec}: {err}") from None
+        raise SpecError(f"{spec.name}: {err}") from None
 
 
 def resolve(argument: str | None = None, cli: str | None = None,

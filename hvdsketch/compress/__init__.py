@@ -15,11 +15,12 @@ REGISTRY: dict[str, type[Compressor]] = {
 }
 
 
-def create(flag: "str | _spec.Spec | Compressor") -> Compressor:
-    """The compressor a flag names, its options validated (raises :class:`hvdsketch.spec.SpecError`)."""
+def create(flag: "str | _spec.Spec | Compressor", **options) -> Compressor:
+    """The compressor a flag names (``"sketch:rows=3"``, or ``"sketch", rows=3``), its options
+    validated; raises :class:`hvdsketch.spec.SpecError` naming the valid choices."""
     if isinstance(flag, Compressor):
         return flag
-    return _spec.build(flag, REGISTRY)
+    return _spec.build(flag, REGISTRY, **options)
 
 
 __all__ = ["Compressor", "Message", "TensorContext", "RowSparse", "REGISTRY", "create"]

@@ -66,6 +66,9 @@ class Compressor(ABC):
     #: True when one ``average`` message of the tensor's dtype carries the whole
     #: exchange, so the compressor drops into Horovod's own ``compression=``.
     drop_in: ClassVar[bool] = False
+    #: True when :meth:`compress` takes a :class:`~hvdsketch.compress.sketch.RowSparse` gradient
+    #: as it is; drivers densify such gradients for every other compressor.
+    row_sparse: ClassVar[bool] = False
 
     def exchange(self, tensor: Any, ctx: TensorContext, memory: "ResidualMemory | None" = None) -> Exchange:
         """Yield each round's messages, receive their reductions, return the averaged tensor.

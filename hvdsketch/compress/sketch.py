@@ -44,6 +44,14 @@ class RowSparse:
     values: Any
     dense_shape: tuple[int, ...]
 
+    def to_dense(self) -> Any:
+        """The dense tensor (rows given twice are summed)."""
+        ops = backend(self.values)
+        row_len = math.prod(self.dense_shape[1:])
+        coords = ops.outer_add(ops.cast(self.indices, "int64") * row_len, ops.arange(row_len))
+        dense = ops.scatter_add(math.prod(self.dense_shape), coords, ops.flatten(self.values))
+        return ops.reshape(dense, self.dense_shape)
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -89,6 +97,7 @@ class SparseSketch(Compressor):
 
     name: ClassVar[str] = "sketch"
     drop_in: ClassVar[bool] = True
+    row_sparse: ClassVar[bool] = True
 
     rows: int = 1
     error: float = 0.5
@@ -142,7 +151,7 @@ class SparseSketch(Compressor):
             support = ops.nonzero_rows(ops.reshape(padded, (layout.units, layout.unit_len)))
             coords = layout.coordinates(ops, support)
             body = self._sketch(ops, plan, ctx, support, coords, ops.gather(flat, coords), dtype)
-        return [Message(ops.concat(body), "average")], plan
+        return [Message(ops.concat(body), "average")], (plan, False)
 
     def _compress_rows(self, grad: RowSparse, ctx: TensorContext) -> tuple[list[Message], Any]:
         ops = backend(grad.values)
@@ -155,7 +164,7 @@ class SparseSketch(Compressor):
         else:
             coords = plan.layout.coordinates(ops, rows)
             body = self._sketch(ops, plan, ctx, rows, coords, ops.flatten(values), dtype)
-        return [Message(ops.concat(body), "average")], plan
+        return [Message(ops.concat(body), "average")], (plan, True)
 
     def _sketch(self, ops: ModuleType, plan: SketchPlan, ctx: TensorContext,
                 support: Any, coords: Any, values: Any, dtype: str) -> list[Any]:
@@ -167,7 +176,10 @@ class SparseSketch(Compressor):
 
     # -- decompress -------------------------------------------------------
 
-    def decompress(self, reduced: Sequence[Any], plan: SketchPlan | None, ctx: TensorContext) -> Any:
+    def decompress(self, reduced: Sequence[Any], state: tuple[SketchPlan | None, bool],
+                   ctx: TensorContext) -> Any:
+        """The averaged gradient on the union support; a :class:`RowSparse` one for row-sparse input."""
+        plan, row_sparse = state
         payload = reduced[0]
         ops = backend(payload)
         dtype = ops.dtype_name(payload)
@@ -175,9 +187,12 @@ class SparseSketch(Compressor):
             return ops.reshape(payload, ctx.shape)
         layout = plan.layout
         bitmap, *cells = ops.split(payload, [layout.units] + [plan.cols] * self.rows)
-        coords = layout.coordinates(ops, ops.positive(bitmap))
+        support = ops.positive(bitmap)
+        coords = layout.coordinates(ops, support)
         hashes = self.hashes(plan, ctx)
         estimates = ops.stack([hashes.sign(ops, j, coords, dtype) * ops.gather(cells[j], hashes.bucket(ops, j, coords))
                                for j in range(self.rows)])
         median = estimates[0] if self.rows == 1 else ops.sort0(estimates)[(self.rows - 1) // 2]
+        if row_sparse:
+            return RowSparse(support, ops.reshape(median, (-1, *ctx.shape[1:])), tuple(ctx.shape))
         return ops.reshape(ops.scatter(layout.numel, coords, median), ctx.shape)

@@ -123,6 +123,10 @@ def check_close(a: Tensor, b: Tensor, rtol: float, message: str) -> None:
     if not np.all(np.abs(a - b) <= rtol * np.abs(b)):
         raise ValueError(message)
 
+def check_all_equal(x: Tensor, message: str, error: type[Exception] = ValueError) -> None:
+    if not np.all(x == x[0]):
+        raise error(message)
+
 
 def to_numpy(x: Tensor) -> np.ndarray:
     return np.asarray(x)

@@ -122,6 +122,10 @@ def check_close(a: Tensor, b: Tensor, rtol: float, message: str) -> None:
     if not bool(((a - b).abs() <= rtol * b.abs()).all()):
         raise ValueError(message)
 
+def check_all_equal(x: Tensor, message: str, error: type[Exception] = ValueError) -> None:
+    if not bool((x == x[0]).all()):
+        raise error(message)
+
 
 def to_numpy(x: Tensor) -> np.ndarray:
     return x.detach().cpu().numpy()

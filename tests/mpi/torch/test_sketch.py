@@ -1,0 +1,102 @@
+"""The sparse-sketch through Horovod's PyTorch collectives, drop-in and through hvdsketch's optimizer."""
+import numpy as np
+import pytest
+import torch
+
+from hvdsketch.compress import RowSparse, TensorContext, create
+from hvdsketch.collectives.horovod import HorovodCommunicator
+from hvdsketch.exchange import AgreementError, exchange_all, verify_agreement
+from hvdsketch.ops import torch as torch_ops
+from hvdsketch.torch import Compression, DistributedOptimizer
+from tests import sketch_cases as cases
+
+
+def dropin_average(hvd, compression, tensor, name):
+    payload, ctx = compression.compress(tensor)
+    return compression.decompress(hvd.allreduce(payload, op=hvd.Average, name=name), ctx)
+
+
+def test_dropin_recovery_equals_dense_allreduce_exactly(hvd):
+    g = torch.from_numpy(cases.row_sparse_gradient(hvd.rank(), cases.EXACT_SHAPE, 3, integer=True))
+    dense = hvd.allreduce(g, op=hvd.Average, name="exact.dense")
+    compression = Compression.from_spec(cases.EXACT_SPEC)
+    assert create(cases.EXACT_SPEC).plan(cases.EXACT_SHAPE) is not None  # really sketched
+    recovered = dropin_average(hvd, compression, g, "exact.sketch")
+    assert torch.equal(recovered, dense)
+    np.testing.assert_array_equal(dense.numpy(), cases.dense_average(hvd.size(), cases.EXACT_SHAPE, 3, True))
+    report = compression.report()
+    assert report["bytes_sent"] < report["bytes_dense"] / 2
+
+
+def test_dropin_recovery_within_count_sketch_bound(hvd):
+    g = torch.from_numpy(cases.row_sparse_gradient(hvd.rank(), cases.LOSSY_SHAPE, 20, integer=False))
+    truth = cases.dense_average(hvd.size(), cases.LOSSY_SHAPE, 20, False)
+    recovered = dropin_average(hvd, Compression.from_spec(cases.LOSSY_SPEC), g, "lossy.sketch").numpy()
+    cols = create(cases.LOSSY_SPEC).plan(cases.LOSSY_SHAPE).cols
+    error = cases.relative_error(recovered, truth)
+    assert 0 < error < cases.error_bound(cols, truth)
+    assert np.all(recovered[~np.any(truth != 0, axis=1)] == 0)  # nothing outside the union support
+
+
+def test_exchange_all_row_sparse_matches_dense(hvd):
+    """A sparse COO gradient stays row-sparse through the exchange and equals the dense average."""
+    g = cases.row_sparse_gradient(hvd.rank(), cases.EXACT_SHAPE, 3, integer=True)
+    rows = np.flatnonzero(np.any(g != 0, axis=1))
+    sparse = RowSparse(torch.from_numpy(rows), torch.from_numpy(g[rows]), cases.EXACT_SHAPE)
+    ctx = TensorContext("emb.weight", cases.EXACT_SHAPE, step=5, world_size=hvd.size())
+    (out,) = exchange_all([(create(cases.EXACT_SPEC), sparse, ctx)], HorovodCommunicator(hvd))
+    assert isinstance(out, RowSparse)
+    np.testing.assert_array_equal(out.to_dense().numpy(),
+                                  cases.dense_average(hvd.size(), cases.EXACT_SHAPE, 3, True))
+
+
+def test_training_keeps_replicas_bit_identical(hvd):
+    """50 steps of an embedding model with sparse gradients: every rank ends bit-identical."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(5000, 16, sparse=True), torch.nn.Flatten(),
+                                torch.nn.Linear(16 * 8, 5))
+    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                     compression="sketch:error=0.5,density=0.05,rows=3")
+    rng = np.random.default_rng(hvd.rank())
+    for _ in range(50):
+        tokens = torch.from_numpy(rng.integers(0, 5000, size=(32, 8)))
+        labels = torch.from_numpy(rng.integers(0, 5, size=32))
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(tokens), labels).backward()
+        optimizer.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat[None, :], name="replicas")
+    assert all(torch.equal(gathered[0], row) for row in gathered)
+    report = optimizer.report()
+    assert report["steps"] == 50 and report["bytes_sent"] < report["bytes_dense_allreduce"]
+
+
+def test_mismatched_specs_fail_on_every_rank(hvd):
+    comm = HorovodCommunicator(hvd)
+    with pytest.raises(AgreementError, match="different compression setups"):
+        verify_agreement(comm, f"sketch:rows={1 + hvd.rank()}", torch_ops)
+
+
+def test_nan_on_one_rank_raises_on_every_rank(hvd):
+    g = torch.from_numpy(cases.row_sparse_gradient(hvd.rank(), cases.LOSSY_SHAPE, 4, integer=False))
+    if hvd.rank() == hvd.size() - 1:
+        g[0, 0] = float("nan")
+    compression = Compression.sketch(error=0.5, density=0.05)
+    with pytest.raises(FloatingPointError, match="NaN or Inf"):
+        dropin_average(hvd, compression, g, "nan.sketch")
+
+
+def test_shapes_differing_across_ranks_raise_on_every_rank(hvd):
+    shape = (64, 50) if hvd.rank() == 0 else (50, 64)  # same element count: Horovod alone would not notice
+    with pytest.raises(ValueError, match="disagree on a gradient's shape"):
+        dropin_average(hvd, Compression.none, torch.ones(shape), "shape.mismatch")
+
+
+def test_integer_and_empty_tensors_pass_through(hvd):
+    compression = Compression.sketch()
+    ints = torch.arange(6)
+    empty = torch.zeros(0, 3)
+    for tensor in (ints, empty):
+        payload, ctx = compression.compress(tensor)
+        assert payload is tensor and ctx is None
+        assert compression.decompress(payload, ctx) is tensor
