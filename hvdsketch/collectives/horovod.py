@@ -45,8 +45,10 @@ class HorovodCommunicator:
             if m.op in ("allgather", "bor"):
                 ops = backend(m.tensor)
                 gathered = self.hvd.allgather(m.tensor)
-                self.stats.record(m.op, ops.nbytes(m.tensor) * (self.size - 1),
-                                  ops.nbytes(gathered) - ops.nbytes(m.tensor))
+                sent, total = ops.nbytes(m.tensor), ops.nbytes(gathered)
+                # a graph-mode allgather's size is known only at run time: count equal shares
+                received = sent * (self.size - 1) if total is None else total - sent
+                self.stats.record(m.op, sent * (self.size - 1), received)
                 out[i] = gathered if m.op == "allgather" else ops.bitwise_or_rows(
                     ops.reshape(gathered, (self.size, -1)))
             elif m.op not in ("average", "max"):

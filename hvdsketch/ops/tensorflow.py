@@ -126,12 +126,11 @@ def to_numpy(x: Tensor) -> np.ndarray:
     return x.numpy()
 
 
-def nbytes(x: Tensor) -> int:
-    """Bytes of ``x``; its shape must be static."""
-    n = 1
-    for d in shape(x):
-        n *= d
-    return n * x.dtype.size
+def nbytes(x: Tensor) -> int | None:
+    """Bytes of ``x``, or ``None`` inside ``tf.function`` when its shape is only known at run time."""
+    if not x.shape.is_fully_defined():
+        return None
+    return x.shape.num_elements() * x.dtype.size
 
 
 def coalesce_rows(indices: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -144,3 +143,40 @@ def coalesce_rows(indices: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
 def bitwise_or_rows(x2d: Tensor) -> Tensor:
     """Bitwise OR of the rows of an integer matrix."""
     return tf.foldl(tf.bitwise.bitwise_or, x2d[1:], initializer=x2d[0])
+
+
+# -- residual memory (hvdsketch.memory) ------------------------------------
+
+def sqnorm(x: Tensor) -> float:
+    """Sum of squares of ``x``, accumulated in float64."""
+    return float(tf.reduce_sum(tf.square(tf.cast(x, tf.float64))))
+
+
+def topk_abs(x: Tensor, k: int) -> Tensor:
+    """int64 indices of the ``k`` entries of the 1-D ``x`` largest in magnitude (ties: any)."""
+    k = min(k, int(x.shape[0]))
+    return tf.cast(tf.math.top_k(tf.abs(x), k, sorted=False).indices, tf.int64)
+
+
+def device_name(x: Tensor) -> str:
+    """Where ``x`` lives: ``"cpu"`` for host memory."""
+    device = tf.DeviceSpec.from_string(x.device or "/device:CPU:0")
+    return "cpu" if device.device_type in (None, "CPU") else f"{device.device_type.lower()}:{device.device_index}"
+
+
+def to_host(x: Tensor) -> Tensor:
+    """A copy of ``x`` in host memory."""
+    with tf.device("/device:CPU:0"):
+        return tf.identity(x)
+
+
+def to_device(x: Tensor, like: Tensor) -> Tensor:
+    """``x`` (host) on ``like``'s device."""
+    with tf.device(like.device or None):
+        return tf.identity(x)
+
+
+def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
+    """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
+    with tf.device(like.device or None):
+        return tf.constant(a)
