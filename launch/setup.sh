@@ -22,10 +22,13 @@ trap 'echo "[setup] FAILED at step: ${STEP:-?} (exit $?)" >&2' ERR
 
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
 
-step "Open MPI"
-if ! command -v mpirun >/dev/null || ! command -v tc >/dev/null || ! command -v mpicxx >/dev/null; then
+step "Open MPI and the workloads' data (KJV text, WordNet, Fashion-MNIST)"
+if ! command -v mpirun >/dev/null || ! command -v tc >/dev/null || ! command -v mpicxx >/dev/null \
+   || ! command -v bible >/dev/null || [ ! -f /usr/share/wordnet/data.noun ] \
+   || [ ! -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev iproute2 >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev iproute2 \
+    bible-kjv wordnet-base dataset-fashion-mnist >/dev/null
 fi
 
 if [ -f "$STAMP" ] && [ "$ROOT/setup.cfg" -ot "$STAMP" ] && [ "$0" -ot "$STAMP" ]; then
