@@ -150,3 +150,43 @@ def bitwise_or_rows(x2d: Tensor) -> Tensor:
     for row in x2d[1:]:
         out = out | row
     return out
+
+
+# -- residual memory (hvdsketch.memory) ------------------------------------
+
+try:  # registers numpy's "bfloat16" dtype, so cast(x, "bfloat16") works here as in torch and TF
+    import ml_dtypes  # noqa: F401
+except ImportError:  # pragma: no cover - ml_dtypes ships with TensorFlow
+    pass
+
+
+def sqnorm(x: Tensor) -> float:
+    """Sum of squares of ``x``, accumulated in float64."""
+    return float(np.sum(np.square(x, dtype=np.float64)))
+
+
+def topk_abs(x: Tensor, k: int) -> Tensor:
+    """int64 indices of the ``k`` entries of the 1-D ``x`` largest in magnitude (ties: any)."""
+    if k >= x.shape[0]:
+        return np.arange(x.shape[0], dtype=np.int64)
+    return np.argpartition(np.abs(x), x.shape[0] - k)[x.shape[0] - k:].astype(np.int64)
+
+
+def device_name(x: Tensor) -> str:
+    """Where ``x`` lives: ``"cpu"`` for host memory."""
+    return "cpu"
+
+
+def to_host(x: Tensor) -> Tensor:
+    """A copy of ``x`` in host memory."""
+    return np.array(x, copy=True)
+
+
+def to_device(x: Tensor, like: Tensor) -> Tensor:
+    """``x`` (host) on ``like``'s device."""
+    return x
+
+
+def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
+    """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
+    return np.array(a, copy=True)

@@ -180,3 +180,40 @@ def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
     """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
     with tf.device(like.device or None):
         return tf.constant(a)
+
+
+# -- residual memory (hvdsketch.memory) ------------------------------------
+
+def sqnorm(x: Tensor) -> float:
+    """Sum of squares of ``x``, accumulated in float64."""
+    return float(tf.reduce_sum(tf.square(tf.cast(x, tf.float64))))
+
+
+def topk_abs(x: Tensor, k: int) -> Tensor:
+    """int64 indices of the ``k`` entries of the 1-D ``x`` largest in magnitude (ties: any)."""
+    k = min(k, int(x.shape[0]))
+    return tf.cast(tf.math.top_k(tf.abs(x), k, sorted=False).indices, tf.int64)
+
+
+def device_name(x: Tensor) -> str:
+    """Where ``x`` lives: ``"cpu"`` for host memory."""
+    device = tf.DeviceSpec.from_string(x.device or "/device:CPU:0")
+    return "cpu" if device.device_type in (None, "CPU") else f"{device.device_type.lower()}:{device.device_index}"
+
+
+def to_host(x: Tensor) -> Tensor:
+    """A copy of ``x`` in host memory."""
+    with tf.device("/device:CPU:0"):
+        return tf.identity(x)
+
+
+def to_device(x: Tensor, like: Tensor) -> Tensor:
+    """``x`` (host) on ``like``'s device."""
+    with tf.device(like.device or None):
+        return tf.identity(x)
+
+
+def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
+    """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
+    with tf.device(like.device or None):
+        return tf.constant(a)

@@ -148,3 +148,35 @@ def bitwise_or_rows(x2d: Tensor) -> Tensor:
     for row in x2d[1:]:
         out = out | row
     return out
+
+
+# -- residual memory (hvdsketch.memory) ------------------------------------
+
+def sqnorm(x: Tensor) -> float:
+    """Sum of squares of ``x``, accumulated in float64."""
+    return float(torch.sum(torch.square(x.detach().to(torch.float64))))
+
+
+def topk_abs(x: Tensor, k: int) -> Tensor:
+    """int64 indices of the ``k`` entries of the 1-D ``x`` largest in magnitude (ties: any)."""
+    return torch.topk(x.abs(), min(k, x.shape[0]), sorted=False).indices
+
+
+def device_name(x: Tensor) -> str:
+    """Where ``x`` lives: ``"cpu"`` for host memory."""
+    return str(x.device)
+
+
+def to_host(x: Tensor) -> Tensor:
+    """A copy of ``x`` in host memory (synchronous, so the copy is complete on return)."""
+    return x.detach().to("cpu", copy=True)
+
+
+def to_device(x: Tensor, like: Tensor) -> Tensor:
+    """``x`` (host) on ``like``'s device."""
+    return x.to(like.device)
+
+
+def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
+    """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
+    return torch.from_numpy(np.array(a, copy=True)).to(like.device)
