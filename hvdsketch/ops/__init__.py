@@ -9,6 +9,7 @@ agree bit for bit across back-ends.
 from __future__ import annotations
 
 import importlib
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -21,4 +22,5 @@ def backend(tensor: Any) -> ModuleType:
     if root not in _MODULES:
         raise TypeError(f"hvdsketch: no array back-end for {type(tensor).__name__} "
                         f"(module {type(tensor).__module__}); expected one of {sorted(_MODULES)}")
-    return importlib.import_module(f"{__name__}.{_MODULES[root]}")
+    name = f"{__name__}.{_MODULES[root]}"
+    return sys.modules.get(name) or importlib.import_module(name)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+import hvdsketch.ops.tensorflow  # noqa: F401  (loaded before tracing, so autograph never sees an import)
 from hvdsketch.dropin import CompressionNamespace, DropInCompression
 
 

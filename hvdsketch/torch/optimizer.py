@@ -15,6 +15,7 @@ memory and parameter shapes; a mismatch raises on every rank.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Iterable
 
 import torch
@@ -40,6 +41,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._names = {p: names.get(id(p), f"param.{i}") for i, p in enumerate(all_params)}
         self._step_count = 0
         self._bytes_dense = 0
+        self._should_synchronize = True
         layout = ";".join(f"{n}:{tuple(p.shape)}" for p, n in self._names.items())
         verify_agreement(communicator, f"{compressor}|{memory}|{layout}", torch_ops)
 
@@ -54,8 +56,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._bytes_dense += p.numel() * p.element_size()
         self._step_count += 1
 
+    @contextmanager
+    def skip_synchronize(self):
+        """As in Horovod: ``synchronize(); clip(...); with skip_synchronize(): step()``."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
     def step(self, closure=None):
-        self.synchronize()
+        if self._should_synchronize:
+            self.synchronize()
         return super(self.__class__, self).step(closure)
 
     def report(self) -> dict[str, Any]:

@@ -1,0 +1,99 @@
+"""The PyTorch training loop of ``hvdsketch train``."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from hvdsketch.collectives.stats import ring_allreduce_bytes
+from hvdsketch.train import TrainConfig, environment
+
+
+def _optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    if config.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=config.lr)
+    return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+
+
+def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
+    """(optimizer, report) for the configured path; ``report()`` gives (bytes sent, dense bytes) so far."""
+    base = _optimizer(config, model)
+    if config.path == "horovod":
+        from hvdsketch.torch import Compression
+
+        compression = Compression.from_spec(config.compression)
+        optimizer = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                             compression=compression)
+        size = hvd.size()
+
+        def report() -> tuple[int, int]:
+            r = compression.report()
+            return ring_allreduce_bytes(r["bytes_sent"], size), ring_allreduce_bytes(r["bytes_dense"], size)
+        return optimizer, report
+
+    from hvdsketch.torch import DistributedOptimizer
+
+    memory = None
+    if config.memory:
+        from hvdsketch.memory import create as create_memory
+
+        memory = create_memory(config.memory)
+    optimizer = DistributedOptimizer(base, model.named_parameters(), compression=config.compression,
+                                     memory=memory)
+
+    def report() -> tuple[int, int]:
+        r = optimizer.report()
+        return r["bytes_sent"], r["bytes_dense_allreduce"]
+    return optimizer, report
+
+
+def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
+    import horovod.torch as hvd
+
+    hvd.init()
+    torch.set_num_threads(max(1, (torch.get_num_threads()) // hvd.local_size()))
+    rank, size = hvd.rank(), hvd.size()
+    model = workload.build_model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer, report = _distributed(config, model, hvd)
+    steps = workload.steps_per_epoch(size)
+    if config.steps_per_epoch:
+        steps = min(steps, config.steps_per_epoch)
+    step_time = exchange_time = 0.0
+    done = 0
+    validation = []
+    start = time.perf_counter()
+    for epoch in range(config.epochs):
+        model.train()
+        batches = workload.train_batches(epoch, rank, size)
+        bar = tqdm(range(steps), desc=f"epoch {epoch + 1}/{config.epochs}", disable=rank != 0, unit="step")
+        for _, batch in zip(bar, batches):
+            t0 = time.perf_counter()
+            optimizer.zero_grad()
+            loss = workload.loss(model, batch)
+            loss.backward()
+            t1 = time.perf_counter()
+            optimizer.synchronize()
+            exchange_time += time.perf_counter() - t1
+            if config.clip:
+                dense = [p for p in model.parameters() if p.grad is not None and not p.grad.is_sparse]
+                torch.nn.utils.clip_grad_norm_(dense, config.clip)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+            step_time += time.perf_counter() - t0
+            done += 1
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        if rank == 0:
+            validation.append(workload.evaluate(model))
+            print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in validation[-1].items()), flush=True)
+    wall = time.perf_counter() - start
+    sent, dense = report()
+    return {"workload": str(workload), "compression": config.compression, "memory": config.memory,
+            "path": config.path, "rank": rank, "size": size, "epochs": config.epochs, "steps": done,
+            "wall_s": wall, "step_s": step_time / max(done, 1), "exchange_s": exchange_time / max(done, 1),
+            "bytes_sent_per_step": sent / max(done, 1), "bytes_dense_per_step": dense / max(done, 1),
+            "validation": validation, "config": dataclasses.asdict(config),
+            "environment": environment()}
