@@ -67,7 +67,8 @@ echo "cluster.sh: $NP ranks in netns $NS, loopback $(ip netns exec "$NS" tc qdis
 
 # In its own session, so a signal reaches mpirun once, from cleanup: a second one makes it
 # exit at once and leave its ranks running.
-setsid ip netns exec "$NS" "${MPIRUN[@]}" -np "$NP" --mca pml ob1 --mca btl self,tcp \
+export HVDSKETCH_CLUSTER_RATE=$RATE  # benchmarks record the network they ran on
+setsid ip netns exec "$NS" "${MPIRUN[@]}" -x HVDSKETCH_CLUSTER_RATE -np "$NP" --mca pml ob1 --mca btl self,tcp \
   --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@" &
 CHILD=$!
 wait "$CHILD"
