@@ -8,10 +8,18 @@ from __future__ import annotations
 from hvdsketch import spec as _spec
 from hvdsketch.compress.base import Compressor, Message, TensorContext
 from hvdsketch.compress.dense import HalfPrecision, NoCompression
+from hvdsketch.compress.dgc import DeepGradientCompression
+from hvdsketch.compress.efsignsgd import EFSignSGD
+from hvdsketch.compress.powersgd import PowerSGD
+from hvdsketch.compress.qsgd import QSGD
+from hvdsketch.compress.randomk import RandomK
 from hvdsketch.compress.sketch import RowSparse, SparseSketch
+from hvdsketch.compress.terngrad import TernGrad
+from hvdsketch.compress.topk import TopK
 
 REGISTRY: dict[str, type[Compressor]] = {
-    cls.name: cls for cls in (NoCompression, HalfPrecision, SparseSketch)
+    cls.name: cls for cls in (NoCompression, HalfPrecision, SparseSketch,
+                              TopK, RandomK, DeepGradientCompression, QSGD, TernGrad, EFSignSGD, PowerSGD)
 }
 
 

@@ -105,7 +105,7 @@ class Compressor(ABC):
 
     def __str__(self) -> str:
         opts = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)  # type: ignore[arg-type]
-                        if getattr(self, f.name) != f.default)
+                        if f.init and getattr(self, f.name) != f.default)
         return f"{self.name}:{opts}" if opts else self.name
 
 

@@ -190,3 +190,70 @@ def to_device(x: Tensor, like: Tensor) -> Tensor:
 def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
     """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
     return np.array(a, copy=True)
+
+
+# -- peer compressors (hvdsketch.compress: topk, randomk, dgc, qsgd, terngrad, efsignsgd, powersgd) --
+
+def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
+    """Uniform numbers in [0, 1) of ``like``'s floating dtype, a pure function of ``seed`` (PCG64)."""
+    dtype = like.dtype if like.dtype in (np.float32, np.float64) else np.float32
+    return np.random.default_rng(seed).random(shape, dtype=dtype).astype(like.dtype, copy=False)
+
+
+def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
+    """int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``; if more than
+    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any)."""
+    idx = np.flatnonzero(np.abs(x) >= threshold).astype(np.int64)
+    if idx.shape[0] > limit:
+        idx = idx[np.argpartition(np.abs(x[idx]), idx.shape[0] - limit)[idx.shape[0] - limit:]]
+    return idx
+
+
+def reduce_sum(x: Tensor, axis: int | None = None) -> Tensor:
+    return np.sum(x, axis=axis)
+
+
+def reduce_max(x: Tensor, axis: int | None = None) -> Tensor:
+    return np.max(x, axis=axis)
+
+
+def reduce_min(x: Tensor, axis: int | None = None) -> Tensor:
+    return np.min(x, axis=axis)
+
+
+def sign(x: Tensor) -> Tensor:
+    return np.sign(x)
+
+
+def floor(x: Tensor) -> Tensor:
+    return np.floor(x)
+
+
+def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tensor:
+    """``x`` limited to ``[low, high]`` element-wise (``None``: unbounded on that side)."""
+    return np.clip(x, low, high)
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    return a @ b
+
+
+def transpose(x2d: Tensor) -> Tensor:
+    return x2d.T
+
+
+def orthonormalize(x2d: Tensor) -> Tensor:
+    """Orthonormal columns spanning those of the ``n x r`` matrix ``x2d`` (``n >= r``): the Q of
+    its reduced QR decomposition (Householder, so rank-deficient inputs still give orthonormal Q)."""
+    return np.linalg.qr(x2d, mode="reduced")[0]
+
+
+def pack_bits(mask: Tensor) -> Tensor:
+    """The truth values of the 1-D ``mask`` as uint8, 8 per byte, first in the highest bit,
+    the last byte padded with zeros."""
+    return np.packbits(mask.astype(bool))
+
+
+def unpack_bits(bits: Tensor) -> Tensor:
+    """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""
+    return np.unpackbits(bits)

@@ -180,3 +180,79 @@ def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
     """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
     with tf.device(like.device or None):
         return tf.constant(a)
+
+
+# -- peer compressors (hvdsketch.compress: topk, randomk, dgc, qsgd, terngrad, efsignsgd, powersgd) --
+
+def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
+    """Uniform numbers in [0, 1) of ``like``'s floating dtype, a pure function of ``seed``
+    (``tf.random.stateless_uniform``, so the same inside ``tf.function``)."""
+    shape = [shape] if isinstance(shape, int) else list(shape)
+    return tf.random.stateless_uniform(shape, seed=tf.constant([seed >> 32, seed & 0xFFFFFFFF], tf.int64),
+                                       dtype=like.dtype)
+
+
+def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
+    """int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``; if more than
+    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any)."""
+    magnitude = tf.abs(x)
+    idx = tf.reshape(tf.where(magnitude >= threshold), [-1])
+    kept = tf.math.top_k(tf.gather(magnitude, idx), tf.minimum(tf.size(idx), limit), sorted=False).indices
+    return tf.gather(idx, kept)
+
+
+def reduce_sum(x: Tensor, axis: int | None = None) -> Tensor:
+    return tf.reduce_sum(x, axis=axis)
+
+
+def reduce_max(x: Tensor, axis: int | None = None) -> Tensor:
+    return tf.reduce_max(x, axis=axis)
+
+
+def reduce_min(x: Tensor, axis: int | None = None) -> Tensor:
+    return tf.reduce_min(x, axis=axis)
+
+
+def sign(x: Tensor) -> Tensor:
+    return tf.sign(x)
+
+
+def floor(x: Tensor) -> Tensor:
+    return tf.floor(x)
+
+
+def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tensor:
+    """``x`` limited to ``[low, high]`` element-wise (``None``: unbounded on that side)."""
+    if low is not None:
+        x = tf.maximum(x, tf.cast(low, x.dtype))
+    if high is not None:
+        x = tf.minimum(x, tf.cast(high, x.dtype))
+    return x
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    return tf.linalg.matmul(a, b)
+
+
+def transpose(x2d: Tensor) -> Tensor:
+    return tf.transpose(x2d)
+
+
+def orthonormalize(x2d: Tensor) -> Tensor:
+    """Orthonormal columns spanning those of the ``n x r`` matrix ``x2d`` (``n >= r``): the Q of
+    its reduced QR decomposition (Householder, so rank-deficient inputs still give orthonormal Q)."""
+    return tf.linalg.qr(x2d, full_matrices=False).q
+
+
+def pack_bits(mask: Tensor) -> Tensor:
+    """The truth values of the 1-D ``mask`` as uint8, 8 per byte, first in the highest bit,
+    the last byte padded with zeros."""
+    bits = tf.cast(mask, tf.int32)
+    bits = tf.reshape(tf.pad(bits, [[0, -tf.size(bits) % 8]]), [-1, 8])
+    return tf.cast(tf.reduce_sum(tf.bitwise.left_shift(bits, tf.range(7, -1, -1)), axis=1), tf.uint8)
+
+
+def unpack_bits(bits: Tensor) -> Tensor:
+    """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""
+    shifted = tf.bitwise.right_shift(tf.cast(bits, tf.int32)[:, None], tf.range(7, -1, -1))
+    return tf.cast(tf.reshape(tf.bitwise.bitwise_and(shifted, 1), [-1]), tf.uint8)

@@ -11,7 +11,7 @@ Tensor = torch.Tensor
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
            "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
-           "uint8": torch.uint8, "bool": torch.bool}
+           "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
 
 
 def dtype_name(x: Tensor) -> str:
@@ -180,3 +180,76 @@ def to_device(x: Tensor, like: Tensor) -> Tensor:
 def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
     """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
     return torch.from_numpy(np.array(a, copy=True)).to(like.device)
+
+
+# -- peer compressors (hvdsketch.compress: topk, randomk, dgc, qsgd, terngrad, efsignsgd, powersgd) --
+
+def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
+    """Uniform numbers in [0, 1) of ``like``'s floating dtype and device, a pure function of
+    ``seed`` (a ``torch.Generator`` on that device)."""
+    generator = torch.Generator(device=like.device).manual_seed(seed)
+    return torch.rand(shape, generator=generator, dtype=like.dtype, device=like.device)
+
+
+def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
+    """int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``; if more than
+    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any)."""
+    magnitude = x.abs()
+    idx = torch.nonzero(magnitude >= threshold).reshape(-1)
+    if idx.shape[0] > limit:
+        idx = idx[torch.topk(magnitude[idx], limit, sorted=False).indices]
+    return idx
+
+
+def reduce_sum(x: Tensor, axis: int | None = None) -> Tensor:
+    return x.sum() if axis is None else x.sum(dim=axis)
+
+
+def reduce_max(x: Tensor, axis: int | None = None) -> Tensor:
+    return x.max() if axis is None else x.amax(dim=axis)
+
+
+def reduce_min(x: Tensor, axis: int | None = None) -> Tensor:
+    return x.min() if axis is None else x.amin(dim=axis)
+
+
+def sign(x: Tensor) -> Tensor:
+    return torch.sign(x)
+
+
+def floor(x: Tensor) -> Tensor:
+    return torch.floor(x)
+
+
+def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tensor:
+    """``x`` limited to ``[low, high]`` element-wise (``None``: unbounded on that side)."""
+    return torch.clamp(x, low, high)
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    return torch.matmul(a, b)
+
+
+def transpose(x2d: Tensor) -> Tensor:
+    return x2d.T
+
+
+def orthonormalize(x2d: Tensor) -> Tensor:
+    """Orthonormal columns spanning those of the ``n x r`` matrix ``x2d`` (``n >= r``): the Q of
+    its reduced QR decomposition (Householder, so rank-deficient inputs still give orthonormal Q)."""
+    return torch.linalg.qr(x2d, mode="reduced").Q
+
+
+_BIT_SHIFTS = torch.arange(7, -1, -1, dtype=torch.uint8)
+
+
+def pack_bits(mask: Tensor) -> Tensor:
+    """The truth values of the 1-D ``mask`` as uint8, 8 per byte, first in the highest bit,
+    the last byte padded with zeros."""
+    bits = pad(mask.to(torch.uint8), -mask.shape[0] % 8).reshape(-1, 8)
+    return (bits << _BIT_SHIFTS.to(mask.device)).sum(dim=1, dtype=torch.uint8)
+
+
+def unpack_bits(bits: Tensor) -> Tensor:
+    """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""
+    return ((bits[:, None] >> _BIT_SHIFTS.to(bits.device)) & 1).reshape(-1)

@@ -1,0 +1,102 @@
+"""Deep Gradient Compression (Lin, Han, Mao, Wang & Dally, ICLR 2018)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, ClassVar, Sequence
+
+from hvdsketch.compress import seeds, sparse
+from hvdsketch.compress.base import Compressor, Exchange, Message, ResidualMemory, TensorContext
+from hvdsketch.compress.state import LocalResidual, private_state
+from hvdsketch.ops import backend
+
+
+@dataclass(frozen=True)
+class DeepGradientCompression(Compressor):
+    """Sampled-threshold sparsification with momentum correction and local gradient clipping.
+
+    Per tensor on each of ``N`` ranks, with momentum ``m`` (Sec. 3)::
+
+        g   <- g * min(1, (clip / sqrt(N)) / ||g||_2)     local gradient clipping
+        u_t  = m u_{t-1} + g                              momentum correction:
+        v_t  = v_{t-1} + u_t                              accumulate velocity, not gradient
+        thr  = ceil(ratio * s)-th largest |v_t| of s = ceil(sample * n) sampled coordinates
+        send v_t[i] where |v_t[i]| >= thr, at most k = ceil(ratio * n) (the largest: hierarchical selection)
+        u_t, v_t <- 0 where sent                          momentum factor masking
+
+    The sent (index, value) pairs are allgathered and averaged as top-k's
+    (:mod:`hvdsketch.compress.sparse`), so counts may differ by rank. Momentum is
+    applied here: step with plain SGD. ``v`` is error feedback: kept by the residual
+    memory passed to ``exchange`` or, when none is given, by the compressor itself;
+    ``u`` is always its own. The threshold sample is drawn with replacement from a
+    seed mixed from ``seed``, the name and the step; ``sample=1`` uses the whole tensor
+    (exact threshold), so ``ratio=1,sample=1`` sends everything. The paper's
+    warm-up (sparsity raised over the first epochs) is a schedule of ``ratio``
+    left to the caller.
+
+    Options (flag ``dgc:ratio=0.01,momentum=0.9``):
+      ratio     fraction of coordinates sent, in (0, 1] (default 0.01; the paper uses 0.001)
+      momentum  momentum m, in [0, 1) (default 0.9)
+      clip      global L2 norm bound per tensor, scaled by N^-1/2 on each rank; none: no clipping
+      sample    fraction of coordinates sampled for the threshold, in (0, 1] (default 0.01)
+      seed      base seed of the threshold sample (default 0)
+    """
+
+    name: ClassVar[str] = "dgc"
+
+    ratio: float = 0.01
+    momentum: float = 0.9
+    clip: float | None = None
+    sample: float = 0.01
+    seed: int = 0
+    _velocity: dict = private_state()
+    _accumulated: LocalResidual = private_state(LocalResidual)
+
+    def __post_init__(self) -> None:
+        sparse.check_fraction("ratio", self.ratio)
+        sparse.check_fraction("sample", self.sample)
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.clip is not None and not self.clip > 0:
+            raise ValueError(f"clip must be > 0 or none, got {self.clip}")
+
+    def exchange(self, tensor: Any, ctx: TensorContext, memory: ResidualMemory | None = None) -> Exchange:
+        memory = self._accumulated if memory is None else memory
+        ops = backend(tensor)
+        u = self._clipped(ops, tensor, ctx.world_size)
+        if self.momentum and ctx.name in self._velocity:
+            u = self.momentum * self._velocity[ctx.name] + u
+        v = memory.compensate(ctx.name, u)
+        messages, indices = self.compress(v, ctx)
+        memory.update(ctx.name, v, self.estimate(messages, indices, ctx))
+        if self.momentum:
+            sent = ops.reshape(ops.indicator(math.prod(ctx.shape), indices, ops.dtype_name(u)), ctx.shape)
+            self._velocity[ctx.name] = u - u * sent
+        reduced = yield messages
+        return self.decompress(reduced, indices, ctx)
+
+    def _clipped(self, ops: ModuleType, g: Any, world_size: int) -> Any:
+        if self.clip is None:
+            return g
+        bound = self.clip / math.sqrt(world_size)
+        return g * (bound / ops.clip(ops.reduce_sum(g * g) ** 0.5, low=bound))
+
+    def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
+        """The sampled-threshold selection of ``tensor`` (here, ``v_t``)."""
+        ops = backend(tensor)
+        flat = ops.flatten(tensor)
+        n = math.prod(ctx.shape)
+        s = sparse.count(self.sample, n)
+        if s == n:
+            sampled = flat
+        else:
+            u = ops.uniform(s, seeds.derive(self.seed, ctx.name, ctx.step, self.name), flat)
+            sampled = ops.gather(flat, ops.clip(ops.cast(ops.floor(u * n), "int64"), high=n - 1))
+        top = ops.topk_abs(sampled, sparse.count(self.ratio, s))
+        threshold = ops.reduce_min(abs(ops.gather(sampled, top)))
+        indices = ops.select_abs_at_least(flat, threshold, sparse.count(self.ratio, n))
+        return sparse.messages(ops, indices, ops.gather(flat, indices)), indices
+
+    def decompress(self, reduced: Sequence[Any], indices: Any, ctx: TensorContext) -> Any:
+        return sparse.average(reduced, ctx)

@@ -1,0 +1,89 @@
+"""PowerSGD: rank-r compression by one power iteration (Vogels, Karimireddy & Jaggi, NeurIPS 2019)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+from hvdsketch.compress import seeds
+from hvdsketch.compress.base import Compressor, Exchange, Message, ResidualMemory, TensorContext
+from hvdsketch.compress.state import LocalResidual, private_state
+from hvdsketch.ops import backend
+
+
+@dataclass(frozen=True)
+class PowerSGD(Compressor):
+    """Each tensor, viewed as an ``n x m`` matrix ``M = G + E`` (first dimension by the rest,
+    ``E`` the error-feedback residual), is exchanged in two averaging allreduces (Algorithm 1)::
+
+        P = M Q;     P <- mean over ranks of P;    P^ = orthogonalize(P)
+        Q = M^T P^;  Q <- mean over ranks of Q;    result P^ Q^T,   E <- M - P^ Q_local^T
+
+    ``P^`` is the same on every rank, so ``P^ Q^T`` is the average of every rank's
+    projection ``P^ P^^T M``: exact when the average of ``M`` has rank <= r (with a
+    random start). ``Q`` is warm-started from the previous step's averaged ``Q``
+    (Sec. 3, "warm start"), initially seeded uniform from ``seed`` and the name,
+    equal on every rank. Error feedback (Algorithm 2) uses the residual memory
+    passed to ``exchange`` or, when none is given, the compressor's own.
+    Orthogonalization is a reduced QR. Tensors of rank < 2, and matrices where
+    ``r (n + m) >= n m`` (nothing saved), are averaged dense in one round.
+
+    Options (flag ``powersgd:rank=2``):
+      rank    rank r of the approximation, >= 1 (default 1)
+      seed    base seed of the initial Q (default 0)
+    """
+
+    name: ClassVar[str] = "powersgd"
+
+    rank: int = 1
+    seed: int = 0
+    _q: dict = private_state()
+    _residuals: LocalResidual = private_state(LocalResidual)
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"rank must be >= 1, got {self.rank}")
+
+    def matrix(self, shape: Sequence[int]) -> tuple[int, int] | None:
+        """The ``(n, m)`` matrix view of a tensor of ``shape``, or ``None`` when it goes dense."""
+        if len(shape) < 2:
+            return None
+        n, m = shape[0], math.prod(shape[1:])
+        return (n, m) if self.rank * (n + m) < n * m else None
+
+    def exchange(self, tensor: Any, ctx: TensorContext, memory: ResidualMemory | None = None) -> Exchange:
+        if self.matrix(ctx.shape) is None:
+            return (yield from super().exchange(tensor, ctx, memory))
+        memory = self._residuals if memory is None else memory
+        m = memory.compensate(ctx.name, tensor)
+        messages, matrix = self.compress(m, ctx)
+        p = yield messages
+        messages, p_hat = self.project(p, matrix)
+        memory.update(ctx.name, m, self.estimate(messages, p_hat, ctx))
+        q = yield messages
+        self._q[ctx.name] = q[0]
+        return self.decompress(q, p_hat, ctx)
+
+    def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
+        """Round 1: ``P = M Q`` (or the tensor itself, where it goes dense)."""
+        shape = self.matrix(ctx.shape)
+        if shape is None:
+            return [Message(tensor, "average")], None
+        ops = backend(tensor)
+        matrix = ops.reshape(tensor, shape)
+        q = self._q.get(ctx.name)
+        if q is None:
+            q = ops.uniform((shape[1], self.rank), seeds.derive(self.seed, ctx.name, 0, self.name), matrix) - 0.5
+        return [Message(ops.matmul(matrix, q), "average")], matrix
+
+    def project(self, reduced: Sequence[Any], matrix: Any) -> tuple[list[Message], Any]:
+        """Round 2: ``P^ = orthogonalize(mean P)`` and ``Q = M^T P^``."""
+        ops = backend(matrix)
+        p_hat = ops.orthonormalize(reduced[0])
+        return [Message(ops.matmul(ops.transpose(matrix), p_hat), "average")], p_hat
+
+    def decompress(self, reduced: Sequence[Any], p_hat: Any, ctx: TensorContext) -> Any:
+        if p_hat is None:
+            return reduced[0]
+        ops = backend(p_hat)
+        return ops.reshape(ops.matmul(p_hat, ops.transpose(reduced[0])), ctx.shape)

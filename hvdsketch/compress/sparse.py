@@ -1,0 +1,46 @@
+"""Sparse payloads: chosen coordinates of a flat tensor as (index, value) pairs, allgathered.
+
+Indices travel as their own int64 message, values as a message of the
+tensor's dtype: both allgather in Horovod (PyTorch and TensorFlow) and in the
+MPI layer, indices stay exact for any tensor size, and the finiteness check
+of the exchange driver looks at the values only. An allgather concatenates
+every rank's pairs in rank order, counts may differ by rank, and a sum of
+sparse vectors is the scatter-add of all their pairs, so the average over
+``N`` ranks is::
+
+    g_avg = scatter_add(indices, values) / N
+
+where a coordinate chosen by several ranks adds up their values.
+"""
+from __future__ import annotations
+
+import math
+from types import ModuleType
+from typing import Any, Sequence
+
+from hvdsketch.compress.base import Message, TensorContext
+from hvdsketch.ops import backend
+
+
+def check_fraction(name: str, value: float) -> None:
+    """Raise ``ValueError`` unless ``0 < value <= 1``."""
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} must be in (0, 1], got {value}")
+
+
+def count(fraction: float, n: int) -> int:
+    """How many of ``n`` coordinates a ``fraction`` keeps: ``ceil(fraction * n)``, at least 1."""
+    return min(n, max(1, math.ceil(fraction * n)))
+
+
+def messages(ops: ModuleType, indices: Any, values: Any) -> list[Message]:
+    """The two allgather messages of a sparse payload."""
+    return [Message(ops.cast(indices, "int64"), "allgather"), Message(values, "allgather")]
+
+
+def average(reduced: Sequence[Any], ctx: TensorContext) -> Any:
+    """The dense average over ``ctx.world_size`` ranks of allgathered ``(indices, values)``."""
+    indices, values = reduced
+    ops = backend(values)
+    total = ops.scatter_add(math.prod(ctx.shape), indices, values)
+    return ops.reshape(total / ctx.world_size, ctx.shape)

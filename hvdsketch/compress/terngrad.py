@@ -1,0 +1,34 @@
+"""TernGrad: stochastic ternary gradients {-1, 0, 1} * max|g| (Wen et al., NeurIPS 2017)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, ClassVar
+
+from hvdsketch.compress.quantize import StochasticQuantizer
+
+
+@dataclass(frozen=True)
+class TernGrad(StochasticQuantizer):
+    """Each tensor ``g`` is sent as ``s_t = ||g||_inf`` and ternary codes ``sign(g) ∘ b`` (Sec. 3)::
+
+        ternarize(g) = s_t * sign(g) ∘ b,   s_t = max_k |g_k|,   P(b_k = 1) = |g_k| / s_t
+
+    unbiased, ``E[ternarize(g)] = g``: stochastic rounding with one level
+    (:mod:`hvdsketch.compress.quantize`). Codes travel as int8, the scalar in the
+    tensor's dtype, both allgathered. Each rank sends its own ``s_t``; the paper's
+    scaler sharing (a max over ranks first) would cost an extra round. Rounding draws
+    are seeded from ``seed``, the tensor's name and the step.
+
+    Options (flag ``terngrad``):
+      seed    base seed of the rounding draws (default 0)
+    """
+
+    name: ClassVar[str] = "terngrad"
+    levels: ClassVar[int] = 1
+    bucket: ClassVar[None] = None
+
+    seed: int = 0
+
+    def scales(self, ops: ModuleType, buckets: Any) -> Any:
+        return ops.reduce_max(abs(buckets), axis=1)

@@ -1,0 +1,41 @@
+"""Top-k sparsification (Aji & Heafield, EMNLP 2017; Stich, Cordonnier & Jaggi, NeurIPS 2018)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+from hvdsketch.compress import sparse
+from hvdsketch.compress.base import Compressor, Message, TensorContext
+from hvdsketch.ops import backend
+
+
+@dataclass(frozen=True)
+class TopK(Compressor):
+    """Send the ``k = ceil(ratio * n)`` coordinates of largest magnitude, allgathered as (index, value).
+
+    Each rank keeps ``top_k(g)_i = g_i if |g_i| is among the k largest of |g|, else 0``
+    (the ``top_k`` operator of Stich et al. 2018, Sec. 2); every rank receives
+    all ranks' pairs and averages them (:mod:`hvdsketch.compress.sparse`). The
+    operator is biased; with error feedback (a residual memory passed to
+    ``exchange``) what is dropped is sent later. ``ratio=1`` is exact.
+
+    Options (flag ``topk:ratio=0.01``):
+      ratio   fraction of coordinates kept, in (0, 1] (default 0.01)
+    """
+
+    name: ClassVar[str] = "topk"
+
+    ratio: float = 0.01
+
+    def __post_init__(self) -> None:
+        sparse.check_fraction("ratio", self.ratio)
+
+    def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
+        ops = backend(tensor)
+        flat = ops.flatten(tensor)
+        indices = ops.topk_abs(flat, sparse.count(self.ratio, math.prod(ctx.shape)))
+        return sparse.messages(ops, indices, ops.gather(flat, indices)), None
+
+    def decompress(self, reduced: Sequence[Any], state: Any, ctx: TensorContext) -> Any:
+        return sparse.average(reduced, ctx)

@@ -1,0 +1,170 @@
+"""Inputs and references shared by the unit and MPI tests of the peer compressors.
+
+Every rank builds every rank's gradient from one seed. :func:`simulate` runs
+one compressor object per simulated rank in a single process, each with its
+own state, and performs the collectives in process (mean, rank-ordered
+concatenation): the result that Horovod's collectives must reproduce. Where a
+method is deterministic, :func:`independent` gives its average from a
+from-scratch NumPy formula as well.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from hvdsketch.compress import TensorContext, create
+from hvdsketch.compress.base import Message
+from hvdsketch.compress.state import LocalResidual
+from hvdsketch.ops import backend
+
+NAME = "layer.weight"
+STEPS = 3
+
+
+@dataclass(frozen=True)
+class Case:
+    flag: str
+    shape: tuple[int, ...] = (48, 20)
+    low_rank: int | None = None  # the average over ranks then has at most this rank
+    memory: bool = False  # error feedback from a generic residual memory passed to exchange
+    exact: bool = False  # the result must equal the dense average
+
+    def __str__(self) -> str:
+        return f"{self.flag}{list(self.shape)}{'+memory' if self.memory else ''}"
+
+
+CASES = [
+    Case("topk:ratio=0.05"),
+    Case("topk:ratio=0.05", memory=True),
+    Case("randomk:ratio=0.1"),
+    Case("dgc:ratio=0.05,sample=0.25"),
+    Case("dgc:ratio=0.05,momentum=0.5,clip=3,sample=1"),
+    Case("qsgd:levels=4,bucket=64"),
+    Case("terngrad", (7, 5, 3)),
+    Case("efsignsgd", (333,)),
+    Case("powersgd:rank=2"),
+    Case("powersgd:rank=2", (30,)),  # a vector goes dense
+    Case("topk:ratio=1", exact=True),
+    Case("randomk:ratio=1", (97,), exact=True),
+    Case("dgc:ratio=1,sample=1", exact=True),
+    Case("powersgd:rank=3", (40, 24), low_rank=3, exact=True),
+]
+
+
+def gradient(rank: int, step: int, case: Case, seed: int = 11) -> np.ndarray:
+    """Rank ``rank``'s float32 gradient at ``step``; with ``low_rank`` r, ``A_rank B`` with ``B``
+    shared by all ranks, so the average has rank <= r."""
+    rng = np.random.default_rng([seed, rank, step])
+    if case.low_rank is None:
+        return rng.standard_normal(case.shape).astype(np.float32)
+    shared = np.random.default_rng([seed, step]).standard_normal((case.low_rank, case.shape[1]))
+    return (rng.standard_normal((case.shape[0], case.low_rank)) @ shared).astype(np.float32)
+
+
+def dense_average(size: int, step: int, case: Case) -> np.ndarray:
+    return np.mean([gradient(r, step, case).astype(np.float64) for r in range(size)], axis=0)
+
+
+def reduce_in_process(messages: Sequence[Message]) -> Any:
+    """What a communicator returns for the same message from every rank."""
+    tensors = [m.tensor for m in messages]
+    ops = backend(tensors[0])
+    if messages[0].op == "allgather":
+        return ops.concat(tensors)
+    if messages[0].op == "average":
+        return ops.reduce_sum(ops.stack(tensors), axis=0) / len(tensors)
+    raise ValueError(f"no in-process reduction for {messages[0].op!r}")
+
+
+def simulate(case: Case, size: int, convert: Callable[[np.ndarray], Any], steps: int = STEPS,
+             name: str = NAME) -> list[list[Any]]:
+    """``results[t][r]``: rank ``r``'s result at step ``t``, every rank running its own compressor."""
+    compressors = [create(case.flag) for _ in range(size)]
+    memories = [LocalResidual() if case.memory else None for _ in range(size)]
+    results = []
+    for t in range(steps):
+        ctx = TensorContext(name, case.shape, t, size)
+        running = [c.exchange(convert(gradient(r, t, case)), ctx, memories[r]) for r, c in enumerate(compressors)]
+        pending = [next(gen) for gen in running]
+        while True:
+            reduced = [reduce_in_process(same) for same in zip(*pending)]
+            pending, done = [], []
+            for gen in running:
+                try:
+                    pending.append(gen.send(reduced))
+                except StopIteration as stop:
+                    done.append(stop.value)
+            if done:
+                assert len(done) == size, "ranks disagree on the number of rounds"
+                results.append(done)
+                break
+    return results
+
+
+def topk_average(size: int, case: Case, ratio: float) -> np.ndarray:
+    """Mean over ranks of each rank's gradient with all but its ceil(ratio n) largest magnitudes zeroed."""
+    total = np.zeros(int(np.prod(case.shape)))
+    for r in range(size):
+        g = gradient(r, 0, case).astype(np.float64).reshape(-1)
+        keep = np.argsort(-np.abs(g), kind="stable")[:int(np.ceil(ratio * g.size))]
+        total[keep] += g[keep]
+    return (total / size).reshape(case.shape)
+
+
+def efsign_average(size: int, case: Case) -> np.ndarray:
+    """Mean over ranks of ``||g||_1 / d * sign(g)`` (sign(0) = +1), the first step of EF-SignSGD."""
+    grads = [gradient(r, 0, case).astype(np.float64) for r in range(size)]
+    return np.mean([np.abs(g).mean() * np.where(g >= 0, 1.0, -1.0) for g in grads], axis=0)
+
+
+def independent(case: Case, size: int) -> np.ndarray | None:
+    """A from-scratch NumPy reference for the first step of a deterministic lossy case."""
+    if case.flag.startswith("topk:") and not case.memory:
+        return topk_average(size, case, float(case.flag.split("=")[1]))
+    if case.flag == "efsignsgd":
+        return efsign_average(size, case)
+    return None
+
+
+def assert_close(actual: np.ndarray, desired: np.ndarray, what: str) -> None:
+    """Equal up to float32 rounding, relative to the largest entry (PowerSGD's QR amplifies it)."""
+    np.testing.assert_allclose(actual, desired, rtol=1e-4, atol=1e-4 * float(np.abs(desired).max()), err_msg=what)
+
+
+def check_exchange(case: Case, size: int, rank: int, communicator: Any,
+                   convert: Callable[[np.ndarray], Any], exchange_all: Callable) -> None:
+    """Run ``case`` for :data:`STEPS` steps through ``exchange_all`` over ``communicator`` and
+    compare every step with :func:`simulate` (and :func:`independent`); check every rank ends
+    with the same bits."""
+    reference = simulate(case, size, convert)
+    first = independent(case, size)
+    compressor = create(case.flag)
+    memory = LocalResidual() if case.memory else None
+    for t in range(STEPS):
+        ctx = TensorContext(NAME, case.shape, t, size)
+        (got,) = exchange_all([(compressor, convert(gradient(rank, t, case)), ctx)], communicator, memory)
+        ops = backend(got)
+        assert ops.shape(got) == case.shape
+        result = ops.to_numpy(got)
+        assert_close(result, ops.to_numpy(reference[t][rank]), f"{case} step {t} against the simulation")
+        if case.exact:
+            assert_close(result, dense_average(size, t, case), f"{case} step {t} against the dense average")
+        elif t == 0 and first is not None:
+            assert_close(result, first, f"{case} against the NumPy formula")
+        (everyone,) = communicator.reduce([Message(ops.flatten(got), "allgather")])
+        copies = ops.to_numpy(everyone).reshape(size, -1)
+        assert (copies == copies[0]).all(), f"{case}: ranks hold different results at step {t}"
+
+
+def check_lock_step(size: int, rank: int, communicator: Any, convert: Callable[[np.ndarray], Any],
+                    exchange_all: Callable) -> None:
+    """All cases' tensors in one ``exchange_all`` call (one or two rounds, allgathers and
+    allreduces fused per round) give each case's simulated first step."""
+    picked = [case for case in CASES if not case.memory]
+    jobs = [(create(case.flag), convert(gradient(rank, 0, case)), TensorContext(str(case), case.shape, 0, size))
+            for case in picked]
+    for case, got in zip(picked, exchange_all(jobs, communicator)):
+        expected = simulate(case, size, convert, steps=1, name=str(case))[0][rank]
+        assert_close(backend(got).to_numpy(got), backend(expected).to_numpy(expected), f"{case} in lock step")
