@@ -1,0 +1,56 @@
+"""Residual memory (error feedback) and the memory planner.
+
+One flag, ``--memory``, says how residuals are kept, like ``--compression``
+says how gradients are sent: ``none``, ``fp32``, ``fp16``, ``bf16``,
+``topk:ratio=0.1``, ``sketch:ratio=0.1,rows=3``, ``shared``, ``offload``, or
+``plan:budget=0.25`` / ``plan:budget_bytes=...`` to let the planner choose a
+store per tensor within a budget. Unknown names or options raise
+:class:`hvdsketch.spec.SpecError` listing the valid ones.
+
+Use::
+
+    memory = hvdsketch.memory.create("plan:budget=0.25")
+    exchange_all(jobs, communicator, memory=memory)          # compensate / update per tensor
+    memory.nbytes(), memory.host_nbytes(), memory.seconds    # residual bytes, time per store
+    state = memory.state_dict()                              # nested dicts of numpy arrays
+    memory.load_state_dict(state)                            # resume bit for bit
+
+For a plan after a warm-up the training code runs itself,
+:func:`~hvdsketch.memory.planner.plan_for_model` is the main API, and
+``Memory(plan.stores(), default=Nothing())`` keeps it.
+"""
+from __future__ import annotations
+
+from hvdsketch import spec as _spec
+from hvdsketch.memory.planned import PlannedMemory, PlanSpec
+from hvdsketch.memory.planner import DEFAULT_CANDIDATES, Plan, plan_for_model, solve
+from hvdsketch.memory.residual import Memory
+from hvdsketch.memory.sketch import SketchStore
+from hvdsketch.memory.stores import Bf16, Fp16, Fp32, Nothing, Offload, Shared, Store, TopK
+from hvdsketch.memory.warmup import TensorStats, Warmup
+
+#: Every store by its flag name.
+REGISTRY: dict[str, type[Store]] = {
+    cls.name: cls for cls in (Nothing, Fp32, Fp16, Bf16, TopK, SketchStore, Shared, Offload)
+}
+#: Everything ``--memory`` accepts: the stores and ``plan``.
+FLAGS: dict[str, type] = {**REGISTRY, PlanSpec.name: PlanSpec}
+
+
+def create_store(flag: "str | _spec.Spec") -> Store:
+    """The store a flag names (``"topk:ratio=0.1"``), options validated."""
+    return _spec.build(flag, REGISTRY, kind="residual store")
+
+
+def create(flag: "str | _spec.Spec | Memory") -> Memory:
+    """The residual memory a ``--memory`` flag names; raises :class:`hvdsketch.spec.SpecError`."""
+    if isinstance(flag, Memory):
+        return flag
+    options = _spec.build(flag, FLAGS, kind="residual memory")
+    if isinstance(options, PlanSpec):
+        return PlannedMemory(options)
+    return Memory(default=options, spec=str(options))
+
+
+__all__ = ["Memory", "PlannedMemory", "PlanSpec", "Plan", "Store", "TensorStats", "Warmup", "REGISTRY", "FLAGS",
+           "DEFAULT_CANDIDATES", "create", "create_store", "plan_for_model", "solve"]

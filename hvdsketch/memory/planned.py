@@ -1,0 +1,113 @@
+"""``--memory plan:budget=0.25``: warm up with full error feedback, measure, then keep the plan.
+
+For the first ``warmup`` steps every residual is kept in fp32 and observed
+by :class:`~hvdsketch.memory.warmup.Warmup`. At the first ``compensate`` of
+the next step (every tensor has then been observed ``warmup`` times) the
+planner picks a store per tensor within the budget, and every residual held
+in fp32 moves into its planned store, so no error feedback is lost at the
+switch. Tensors first seen after the switch get no error feedback (they
+were not in the budget). The plan and the warm-up statistics are part of
+:meth:`PlannedMemory.state_dict`, so a resumed run keeps the same plan.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from hvdsketch.memory.planner import DEFAULT_CANDIDATES, Plan, budget_bytes_of, solve
+from hvdsketch.memory.residual import Memory
+from hvdsketch.memory.stores import Fp32, Nothing, Store, flag
+from hvdsketch.memory.warmup import Warmup
+from hvdsketch.ops import backend
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """Options of the ``plan`` memory flag.
+
+    Options (flag ``plan:key=value,...``, give exactly one budget):
+      budget        residual memory as a fraction of full fp32 error feedback (4 bytes per element)
+      budget_bytes  residual memory in bytes
+      warmup        steps of full error feedback observed before planning (default 10)
+      time_weight   objective weight of one second of store time per step, in units of the
+                    total residual energy (default 0: time only breaks ties)
+    """
+
+    name: ClassVar[str] = "plan"
+
+    budget: float | None = None
+    budget_bytes: int | None = None
+    warmup: int = 10
+    time_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        budget_bytes_of(0, self.budget, self.budget_bytes)  # exactly one budget, not negative
+        if self.warmup < 1:
+            raise ValueError("warmup must be >= 1")
+        if self.time_weight < 0:
+            raise ValueError("time_weight must be >= 0")
+
+    def __str__(self) -> str:
+        return flag(self)
+
+
+class PlannedMemory(Memory):
+    """Full error feedback during a warm-up, then the planner's store for every tensor."""
+
+    def __init__(self, spec: PlanSpec, candidates: Sequence["Store | str"] = DEFAULT_CANDIDATES) -> None:
+        from hvdsketch.memory import create_store
+
+        super().__init__(default=Fp32(), spec=str(spec))
+        self.options = spec
+        self.warmup = Warmup([create_store(c) if isinstance(c, str) else c for c in candidates])
+        self.plan: Plan | None = None
+
+    def compensate(self, name: str, tensor: Any) -> Any:
+        if self.plan is None and self._warm():
+            self._switch(tensor)
+        return super().compensate(name, tensor)
+
+    def update(self, name: str, compensated: Any, estimate: Any) -> None:
+        if self.plan is not None:
+            return super().update(name, compensated, estimate)
+        residual = compensated - estimate
+        self.warmup.observe(name, residual)
+        self.put(backend(residual), name, self.default, residual)
+
+    def _warm(self) -> bool:
+        stats = self.warmup.stats.values()
+        return bool(stats) and min(st.steps for st in stats) >= self.options.warmup
+
+    def make_plan(self) -> Plan:
+        """The plan for the tensors observed so far, within this memory's budget."""
+        stats = self.warmup.stats
+        full = sum(Fp32().nbytes(st.shape) for st in stats.values())
+        return solve(stats, budget_bytes_of(full, self.options.budget, self.options.budget_bytes),
+                     self.warmup.candidates, self.options.time_weight)
+
+    def _switch(self, like: Any) -> None:
+        """Plan, then move every fp32 residual into its planned store."""
+        self.plan = self.make_plan()
+        ops = backend(like)
+        residuals = {name: self._get(ops, name, Fp32(), like) for name in [*self._state, *self._loaded]}
+        self._state.clear()
+        self._slot_store.clear()
+        self.stores, self.default = self.plan.stores(), Nothing()
+        for name, state in residuals.items():
+            if state is not None and self.store(name).keeps:
+                self.put(backend(state["e"]), name, self.store(name), state["e"])
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["warmup"] = self.warmup.state_dict()
+        if self.plan is not None:
+            state["plan"] = np.asarray(self.plan.to_json())
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.warmup.load_state_dict(state["warmup"])
+        self.plan = Plan.from_dict(json.loads(str(state["plan"]))) if "plan" in state else None

@@ -1,0 +1,150 @@
+"""A residual memory: each tensor's error-feedback state, kept by the store its name maps to.
+
+:class:`Memory` implements :class:`hvdsketch.compress.base.ResidualMemory`
+(``compensate`` before compression, ``update`` after) for any back-end; the
+arithmetic is the back-end's, the stores are :mod:`hvdsketch.memory.stores`.
+
+Checkpoints: :meth:`Memory.state_dict` returns nested dicts of plain numpy
+arrays and strings, independent of framework and device::
+
+    {"spec": "fp16", "default": "fp16", "stores": {name: store, ...},
+     "slots": {slot: {"store": "fp16", key: np.ndarray, ...}, ...}}
+
+so it can be stored inside a PyTorch optimizer's ``state_dict`` or written
+next to a TensorFlow checkpoint (e.g. ``np.savez``). :meth:`Memory.load_state_dict`
+takes it back; arrays become tensors on the first ``compensate``/``update``
+of each slot, on that tensor's back-end and device, so loading needs no
+framework. A memory resumed this way continues bit for bit as the
+uninterrupted one would.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from types import ModuleType
+from typing import Any, Mapping
+
+import numpy as np
+
+from hvdsketch.memory.stores import Fp32, State, Store
+from hvdsketch.ops import backend
+
+
+class Memory:
+    """Error-feedback residuals of many tensors.
+
+    Args:
+        stores: the store for each tensor name (a plan); names not in it use ``default``.
+        default: the store of every other tensor.
+        spec: the flag this memory was made from (for messages and agreement checks).
+    """
+
+    def __init__(self, stores: Mapping[str, Store] | None = None, default: Store = Fp32(),
+                 spec: str | None = None) -> None:
+        self.stores: dict[str, Store] = dict(stores or {})
+        self.default = default
+        self.spec = spec or str(default)
+        #: Seconds spent inside each store kind (take and put), e.g. the host copies of ``offload``.
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._state: dict[str, State] = {}
+        self._slot_store: dict[str, Store] = {}
+        self._loaded: dict[str, Mapping[str, np.ndarray]] = {}
+
+    def store(self, name: str) -> Store:
+        return self.stores.get(name, self.default)
+
+    # -- the ResidualMemory protocol ---------------------------------------
+
+    def compensate(self, name: str, tensor: Any) -> Any:
+        """``g + e``: the tensor plus what its store gives back of the residual."""
+        store = self.store(name)
+        if not store.keeps:
+            return tensor
+        ops = backend(tensor)
+        slot = store.slot(name, ops.shape(tensor))
+        state = self._get(ops, slot, store, tensor)
+        if state is None:
+            return tensor
+        start = time.perf_counter()
+        residual, held = store.take(ops, state, name, tensor)
+        self.seconds[store.name] += time.perf_counter() - start
+        self._set(slot, store, held)
+        return tensor if residual is None else tensor + residual
+
+    def update(self, name: str, compensated: Any, estimate: Any) -> None:
+        """Keep ``e = compensated - estimate``, what this rank's messages failed to carry."""
+        store = self.store(name)
+        if not store.keeps:
+            return
+        ops = backend(compensated)
+        self.put(ops, name, store, compensated - estimate)
+
+    def put(self, ops: ModuleType, name: str, store: Store, residual: Any) -> None:
+        """Fold ``residual`` into ``name``'s state as ``store`` keeps it."""
+        slot = store.slot(name, ops.shape(residual))
+        held = self._get(ops, slot, store, residual)
+        start = time.perf_counter()
+        state = store.put(ops, held, residual, name)
+        self.seconds[store.name] += time.perf_counter() - start
+        self._set(slot, store, state)
+
+    # -- state --------------------------------------------------------------
+
+    def _get(self, ops: ModuleType, slot: str, store: Store, like: Any) -> State | None:
+        if slot in self._loaded:
+            arrays = self._loaded.pop(slot)
+            if str(arrays["store"]) != str(store):
+                raise ValueError(f"hvdsketch: residual {slot!r} was saved with store {str(arrays['store'])!r} "
+                                 f"but this memory keeps it with {str(store)!r}")
+            self._set(slot, store, {key: store.restore(ops, key, value, like)
+                                    for key, value in arrays.items() if key != "store"})
+        return self._state.get(slot)
+
+    def _set(self, slot: str, store: Store, state: State | None) -> None:
+        if state is None:
+            self._state.pop(slot, None)
+            self._slot_store.pop(slot, None)
+        else:
+            self._state[slot] = state
+            self._slot_store[slot] = store
+
+    def nbytes(self) -> int:
+        """Bytes of residual state on the tensors' own device (everything but ``offload``)."""
+        return self._bytes(host=False)
+
+    def host_nbytes(self) -> int:
+        """Bytes of residual state moved to host memory (``offload``)."""
+        return self._bytes(host=True)
+
+    def _bytes(self, host: bool) -> int:
+        return sum(backend(value).nbytes(value)
+                   for slot, state in self._state.items() if self._slot_store[slot].host == host
+                   for key, value in state.items() if key not in self._slot_store[slot].meta)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The memory as nested dicts of numpy arrays (see the module docstring)."""
+        slots = {slot: dict(arrays) for slot, arrays in self._loaded.items()}
+        for slot, state in self._state.items():
+            store = self._slot_store[slot]
+            slots[slot] = {"store": np.asarray(str(store)),
+                           **{key: store.export(key, value) for key, value in state.items()}}
+        return {"spec": np.asarray(self.spec), "default": np.asarray(str(self.default)),
+                "stores": {name: np.asarray(str(store)) for name, store in self.stores.items()},
+                "slots": slots}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`; raises ``ValueError`` if it was saved under another spec."""
+        from hvdsketch.memory import create_store
+
+        if str(state["spec"]) != self.spec:
+            raise ValueError(f"hvdsketch: the residual memory was saved with --memory {str(state['spec'])!r}, "
+                             f"this run uses {self.spec!r}")
+        self.default = create_store(str(state["default"]))
+        self.stores = {name: create_store(str(flag)) for name, flag in state["stores"].items()}
+        self._state.clear()
+        self._slot_store.clear()
+        self._loaded = {slot: dict(arrays) for slot, arrays in state["slots"].items()}
+
+    def __str__(self) -> str:
+        return self.spec
+

@@ -1,0 +1,269 @@
+"""Residual stores: how one tensor's error-feedback residual is kept between steps.
+
+Error feedback (Seide et al., 2014; Karimireddy et al., 2019) sends
+``C(g + e_t)`` and keeps ``e_{t+1} = g + e_t - C(g + e_t)``. Keeping ``e``
+exactly costs as much memory as the model (Zhao et al., IEEE Access 9, 2021);
+ConEF (Li et al., 2023) keeps a compressed ``Q(e)`` instead and loses little.
+A store is one such ``Q``: a frozen dataclass whose fields are the options of
+its flag (``topk:ratio=0.1``), holding a residual as a *state*, a dict of
+back-end tensors (plus a few Python scalars named in :attr:`Store.meta`).
+
+Each step a :class:`~hvdsketch.memory.residual.Memory` calls a store twice::
+
+    residual, held = store.take(ops, state, name, like)  # before compression: g' = g + residual
+    state = store.put(ops, held, g' - estimate, name)     # after: fold in what was not sent
+
+Most stores give back all they hold, so ``held`` is ``None``; the sketch
+store (:mod:`.sketch`) and ``shared`` keep in ``held`` what they did not give back.
+
+What each store loses of a residual ``e`` in one round trip (tested):
+
+=========  ==========================================================  ============
+store      loss per entry / in total                                    bytes
+=========  ==========================================================  ============
+none       all of ``e``                                                 0
+fp32       nothing (float32 gradients)                                  4 n
+fp16       ``|err_i| <= 2^-11 |e_i| + 2^-39 ||e||`` (scaled by 2^k)     2 n
+bf16       ``|err_i| <= 2^-8 |e_i|`` (normal range)                     2 n
+topk       the ``n - k`` smallest squares: the least any k-sparse
+           store can lose                                               12 k
+shared     tensors of one shape share one fp32 buffer; the largest
+           residual keeps it, the others lose theirs                    4 n per shape
+offload    nothing; fp32 in host memory, two copies per step            0 on device
+=========  ==========================================================  ============
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from hvdsketch.ops import backend
+
+State = dict[str, Any]
+
+#: Bytes per element of the storage dtypes.
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
+
+
+def numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def flag(options: Any) -> str:
+    """The canonical flag of a dataclass of options: its name and the options not at their default."""
+    opts = ",".join(f"{f.name}={getattr(options, f.name)}" for f in dataclasses.fields(options)
+                    if getattr(options, f.name) != f.default)
+    return f"{options.name}:{opts}" if opts else options.name
+
+
+class Store(ABC):
+    """Base of all residual stores; subclasses are frozen dataclasses whose fields are the options."""
+
+    #: The name used in the ``--memory`` flag.
+    name: ClassVar[str]
+    #: False for ``none``: no residual is kept, so the memory skips the arithmetic too.
+    keeps: ClassVar[bool] = True
+    #: True when the state lives in host memory rather than on the tensor's device.
+    host: ClassVar[bool] = False
+    #: State keys holding Python scalars rather than tensors.
+    meta: ClassVar[tuple[str, ...]] = ()
+
+    def slot(self, name: str, shape: tuple[int, ...]) -> str:
+        """The key the state is kept under; tensors with equal slots share one state."""
+        return name
+
+    @abstractmethod
+    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any | None, State | None]:
+        """The residual to add to ``like`` (same shape and dtype, or ``None``) and the state left behind."""
+
+    @abstractmethod
+    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+        """The state after folding this step's ``residual`` into what :meth:`take` left behind."""
+
+    @abstractmethod
+    def nbytes(self, shape: Sequence[int]) -> int:
+        """Bytes of the state for one tensor of ``shape`` (a ``shared`` buffer counts once per shape)."""
+
+    def export(self, key: str, value: Any) -> np.ndarray:
+        """One state entry as a plain numpy array (bfloat16, which numpy lacks, as float32)."""
+        if key in self.meta:
+            return np.asarray(value)
+        ops = backend(value)
+        if ops.dtype_name(value) == "bfloat16":
+            value = ops.cast(value, "float32")
+        return ops.to_numpy(value)
+
+    def restore(self, ops: ModuleType, key: str, array: np.ndarray, like: Any) -> Any:
+        """Inverse of :meth:`export`, on ``like``'s back-end and device."""
+        if key in self.meta:
+            return array.item()
+        return ops.from_numpy(array, like)
+
+    def __str__(self) -> str:
+        return flag(self)
+
+
+@dataclass(frozen=True)
+class Nothing(Store):
+    """No error feedback: whatever compression drops is lost."""
+
+    name: ClassVar[str] = "none"
+    keeps: ClassVar[bool] = False
+
+    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[None, None]:
+        return None, None
+
+    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+        return {}
+
+    def nbytes(self, shape: Sequence[int]) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class Fp32(Store):
+    """The full residual in float32: classic error feedback, exact for float32 gradients."""
+
+    name: ClassVar[str] = "fp32"
+
+    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
+        return ops.cast(state["e"], ops.dtype_name(like)), None
+
+    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+        return {"e": ops.cast(residual, "float32")}
+
+    def nbytes(self, shape: Sequence[int]) -> int:
+        return 4 * numel(shape)
+
+
+@dataclass(frozen=True)
+class Fp16(Store):
+    """The residual in 16-bit floats, scaled by a power of two so it neither overflows nor underflows.
+
+    With ``s = 2^(ceil(log2 ||e||) - 15)`` every ``|e_i| / s <= 2^15`` stays below
+    fp16's maximum 65504, and entries down to ``2^-29 ||e||`` stay normal. Scaling
+    by a power of two is exact, so per entry (round to nearest, unit roundoff
+    ``u = 2^-11``, half the smallest subnormal spacing ``2^-25``)::
+
+        |err_i| <= u |e_i| + 2^-25 s <= 2^-11 |e_i| + 2^-39 ||e||
+
+    (for ``2^-85 <= ||e|| <= 2^115``, where the exponent is not clamped).
+    """
+
+    name: ClassVar[str] = "fp16"
+    dtype: ClassVar[str] = "float16"
+    meta: ClassVar[tuple[str, ...]] = ("scale",)
+
+    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
+        return ops.cast(ops.cast(state["e"], "float32") * state["scale"], ops.dtype_name(like)), None
+
+    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+        norm = math.sqrt(ops.sqnorm(residual))
+        exponent = math.ceil(math.log2(norm)) - 15 if 0 < norm < math.inf else 0
+        scale = 2.0 ** min(max(exponent, -100), 100)  # 1/scale stays a finite float32
+        return {"e": ops.cast(ops.cast(residual, "float32") * (1.0 / scale), self.dtype), "scale": scale}
+
+    def nbytes(self, shape: Sequence[int]) -> int:
+        return ITEMSIZE[self.dtype] * numel(shape)
+
+    def restore(self, ops: ModuleType, key: str, array: np.ndarray, like: Any) -> Any:
+        value = super().restore(ops, key, array, like)
+        return value if key in self.meta else ops.cast(value, self.dtype)
+
+
+@dataclass(frozen=True)
+class Bf16(Fp16):
+    """The residual in bfloat16: float32's range, 8 significant bits, ``|err_i| <= 2^-8 |e_i|``."""
+
+    name: ClassVar[str] = "bf16"
+    dtype: ClassVar[str] = "bfloat16"
+
+
+@dataclass(frozen=True)
+class TopK(Store):
+    """The ``k = ceil(ratio * n)`` entries of the residual largest in magnitude, as (index, value).
+
+    It loses the ``n - k`` smallest squares, the least any store of ``k``
+    entries can lose. Costs 12 bytes per kept entry (int64 index, float32 value).
+    """
+
+    name: ClassVar[str] = "topk"
+    ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ratio <= 1:
+            raise ValueError("ratio must be in (0, 1]")
+
+    def k(self, n: int) -> int:
+        return min(n, max(1, math.ceil(self.ratio * n)))
+
+    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
+        dense = ops.scatter(numel(ops.shape(like)), state["i"], state["v"])
+        return ops.reshape(ops.cast(dense, ops.dtype_name(like)), ops.shape(like)), None
+
+    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+        flat = ops.flatten(residual)
+        index = ops.topk_abs(flat, self.k(numel(ops.shape(residual))))
+        return {"i": index, "v": ops.cast(ops.gather(flat, index), "float32")}
+
+    def nbytes(self, shape: Sequence[int]) -> int:
+        return (ITEMSIZE["int64"] + ITEMSIZE["float32"]) * self.k(numel(shape))
+
+
+@dataclass(frozen=True)
+class Shared(Fp32):
+    """Tensors of one shape share one float32 buffer; the largest residual keeps it.
+
+    The buffer remembers whose residual it holds (``owner``) and its energy
+    ``||e||^2``. Only the owner takes it back (and so empties it); a new
+    residual replaces what the buffer holds when the buffer is empty or the
+    new one carries at least as much energy. A residual is never added to
+    another tensor's gradient; in one step where every member writes into an
+    emptied buffer, the group loses ``sum ||e_i||^2 - max ||e_i||^2``.
+    """
+
+    name: ClassVar[str] = "shared"
+    meta: ClassVar[tuple[str, ...]] = ("owner", "energy")
+
+    def slot(self, name: str, shape: tuple[int, ...]) -> str:
+        return f"shared{tuple(shape)}"
+
+    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any | None, State | None]:
+        if state["owner"] != name:
+            return None, state
+        return super().take(ops, state, name, like)
+
+    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+        energy = ops.sqnorm(residual)
+        if held is not None and energy < held["energy"]:
+            return held
+        return {**super().put(ops, None, residual, name), "owner": name, "energy": energy}
+
+
+@dataclass(frozen=True)
+class Offload(Fp32):
+    """The float32 residual in host memory (swapped out like vDNN swaps activations).
+
+    Exact, and it costs no accelerator memory, but two copies over the host
+    link per step (device to host after compression, back before the next);
+    the memory's ``seconds["offload"]`` reports the time they take. On a
+    CPU-only machine it works alike and saves nothing.
+    """
+
+    name: ClassVar[str] = "offload"
+    host: ClassVar[bool] = True
+
+    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
+        return ops.cast(ops.to_device(state["e"], like), ops.dtype_name(like)), None
+
+    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+        return {"e": ops.to_host(ops.cast(residual, "float32"))}
+
+    def restore(self, ops: ModuleType, key: str, array: np.ndarray, like: Any) -> Any:
+        return ops.to_host(ops.from_numpy(array, like))
