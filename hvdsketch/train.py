@@ -44,7 +44,8 @@ class TrainConfig:
     out: str = "runs"
 
     @classmethod
-    def load(cls, path: str | None, **overrides: Any) -> "TrainConfig":
+    def load(cls, config_file: str | None, **overrides: Any) -> "TrainConfig":
+        path = config_file
         raw = yaml.safe_load(Path(path).read_text()) if path else {}
         if not isinstance(raw, dict):
             raise SpecError(f"{path}: a config must be a mapping of keys, got {type(raw).__name__}")

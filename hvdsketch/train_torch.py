@@ -69,7 +69,8 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
     for epoch in range(config.epochs):
         model.train()
         batches = workload.train_batches(epoch, rank, size)
-        bar = tqdm(range(steps), desc=f"epoch {epoch + 1}/{config.epochs}", disable=rank != 0, unit="step")
+        bar = tqdm(range(steps), desc=f"epoch {epoch + 1}/{config.epochs}", disable=rank != 0, unit="step",
+                   mininterval=5)
         for _, batch in zip(bar, batches):
             t0 = time.perf_counter()
             optimizer.zero_grad()
