@@ -67,9 +67,11 @@ echo "cluster.sh: $NP ranks in netns $NS, loopback $(ip netns exec "$NS" tc qdis
 
 # In its own session, so a signal reaches mpirun once, from cleanup: a second one makes it
 # exit at once and leave its ranks running.
+# mpi_yield_when_idle: the shaped packets leave the queue in a kernel softirq thread that
+# needs a CPU; ranks spinning on every core would delay each small message by ticks of 4 ms.
 export HVDSKETCH_CLUSTER_RATE=$RATE  # benchmarks record the network they ran on
 setsid ip netns exec "$NS" "${MPIRUN[@]}" -x HVDSKETCH_CLUSTER_RATE -np "$NP" --mca pml ob1 --mca btl self,tcp \
-  --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@" &
+  --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo --mca mpi_yield_when_idle 1 "$@" &
 CHILD=$!
 wait "$CHILD"
 RC=$?
