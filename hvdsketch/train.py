@@ -100,8 +100,10 @@ def print_summary(record: dict[str, Any]) -> None:
     sent, dense = record["bytes_sent_per_step"], record["bytes_dense_per_step"]
     print(f"\n== {record['workload']} | {record['compression']} | {record['size']} ranks | "
           f"{record['path']} path")
+    exchange = ("inside tf.function" if record["exchange_s"] is None
+                else f"exchange {1000 * record['exchange_s']:.1f} ms")
     print(f"   epochs {record['epochs']}, steps {record['steps']}, wall {record['wall_s']:.1f} s, "
-          f"step {1000 * record['step_s']:.1f} ms (exchange {1000 * record['exchange_s']:.1f} ms)")
+          f"step {1000 * record['step_s']:.1f} ms ({exchange})")
     print(f"   validation: {quality}")
     print(f"   bytes sent per step {sent / 1e6:.3f} MB vs dense allreduce {dense / 1e6:.3f} MB "
           f"({dense / sent if sent else float('nan'):.2f}x less)")
