@@ -104,12 +104,13 @@ class Row:
 
 
 def _workload(args: argparse.Namespace, density: float, rank: int, size: int) -> Workload:
-    from hvdsketch.collectives.sparse import SparseVector, block_coordinates
+    from hvdsketch.collectives.sparse import SparseVector
 
     rng = np.random.default_rng([args.seed, rank, int(density * 1e9)])
     units = math.ceil(args.size / args.granularity)
     chosen = np.sort(rng.choice(units, max(1, round(density * units)), replace=False))
-    coords = block_coordinates(chosen, args.granularity, args.size)
+    coords = (chosen[:, None] * args.granularity + np.arange(args.granularity)).reshape(-1)
+    coords = coords[coords < args.size]
     dense = np.zeros(args.size, args.dtype)
     dense[coords] = rng.standard_normal(len(coords))
     bitmap = np.zeros(units, bool)

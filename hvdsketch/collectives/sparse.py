@@ -129,11 +129,12 @@ def _merge(a: Reduced, b: Reduced, dense_at: float) -> Reduced:
     partial sums in opposite order hold the same result.
     """
     if isinstance(a, SparseVector) and isinstance(b, SparseVector):
-        indices = np.union1d(a.indices, b.indices)
-        values = np.zeros(len(indices), a.values.dtype)
-        values[np.searchsorted(indices, a.indices)] += a.values
-        values[np.searchsorted(indices, b.indices)] += b.values
-        return _settle(SparseVector(indices, values, a.size), dense_at)
+        both = np.concatenate([a.indices, b.indices])
+        order = np.argsort(both, kind="stable")  # timsort: a linear merge of the two sorted runs
+        merged = both[order]
+        starts = np.flatnonzero(np.diff(merged, prepend=-1))  # first of each distinct index
+        values = np.add.reduceat(np.concatenate([a.values, b.values])[order], starts)
+        return _settle(SparseVector(merged[starts], values, a.size), dense_at)
     if isinstance(a, SparseVector):
         a, b = b, a
     out = np.array(a, copy=True)
@@ -221,22 +222,31 @@ def isparcml_allreduce(comm: MPICommunicator, x: SparseVector, dense_at: float =
 # --- OmniReduce block-sparse ---------------------------------------------------------------
 
 
-def block_coordinates(blocks: np.ndarray, block: int, n: int) -> np.ndarray:
-    """Flat positions of every element of the given blocks of ``block`` elements (last one may be short)."""
-    coords = (blocks[:, None] * block + np.arange(block)).reshape(-1)
-    return coords[coords < n]
+def _block_rows(flat: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """``flat`` as a view of whole blocks, one per row, and the short last block (maybe empty)."""
+    whole = flat.size // block
+    return flat[:whole * block].reshape(whole, block), flat[whole * block:]
 
 
 def block_sparse(wire: Wire, x: np.ndarray, block: int) -> Schedule[np.ndarray]:
-    """OmniReduce: OR the bitmaps of non-zero blocks, then sum-allreduce the union's blocks only."""
-    flat = x.reshape(-1)
+    """OmniReduce: OR the bitmaps of non-zero blocks, then sum-allreduce the union's blocks only.
+
+    Blocks are copied row by row (views of whole blocks), not element by element.
+    """
+    flat = np.ascontiguousarray(x).reshape(-1)
     present = np.zeros(-(-flat.size // block), bool)
     present[np.flatnonzero(flat) // block] = True
-    union = yield from bitmap_or(wire, present)
-    coords = block_coordinates(np.flatnonzero(union), block, flat.size)
-    summed = yield from ring_allreduce(wire, flat[coords], "sum")
+    union = np.flatnonzero((yield from bitmap_or(wire, present)))
+    rows, tail = _block_rows(flat, block)
+    whole = union[union < len(rows)]
+    with_tail = len(whole) < len(union)
+    moved = [rows[whole].reshape(-1)] + ([tail] if with_tail else [])
+    summed = yield from ring_allreduce(wire, np.concatenate(moved), "sum")
     out = np.zeros_like(flat)
-    out[coords] = summed
+    out_rows, out_tail = _block_rows(out, block)
+    out_rows[whole] = summed[:len(whole) * block].reshape(-1, block)
+    if with_tail:
+        out_tail[:] = summed[len(whole) * block:]
     return out.reshape(x.shape)
 
 
