@@ -250,9 +250,9 @@ def _table(rows: list[Row], baseline: str) -> str:
              f"{'sent MB/rank':>13} {'recv MB/rank':>13} {'all ranks MB':>13}"]
     for r in rows:
         mark = "" if r.exact_bytes else "~"
+        mb = [f"{mark}{b / 1e6:.3f}" for b in (r.sent_bytes, r.received_bytes, r.total_sent_bytes)]
         lines.append(f"{r.density:>8.3%} {r.algorithm:<19} {r.time_ms:>9.2f} {r.speedup:>14.2f}x "
-                     f"{mark + format(r.sent_bytes / 1e6, '.3f'):>13} {mark + format(r.received_bytes / 1e6, '.3f'):>13} "
-                     f"{mark + format(r.total_sent_bytes / 1e6, '.3f'):>13}")
+                     f"{mb[0]:>13} {mb[1]:>13} {mb[2]:>13}")
     return "\n".join(lines) + "\n(~: bytes of the ring model, not counted: the library's schedule is its own)"
 
 

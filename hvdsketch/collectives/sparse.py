@@ -237,6 +237,8 @@ def block_sparse(wire: Wire, x: np.ndarray, block: int) -> Schedule[np.ndarray]:
     present = np.zeros(-(-flat.size // block), bool)
     present[np.flatnonzero(flat) // block] = True
     union = np.flatnonzero((yield from bitmap_or(wire, present)))
+    if len(union) == len(present):  # every block is non-zero somewhere: plain dense allreduce
+        return (yield from ring_allreduce(wire, x, "sum"))
     rows, tail = _block_rows(flat, block)
     whole = union[union < len(rows)]
     with_tail = len(whole) < len(union)
