@@ -34,9 +34,11 @@ so a final greedy pass spends the exactly counted spare bytes on the
 upgrades of best value per byte, each only if its extra bytes fit in what is
 left: the total never passes ``B`` at any step.
 
-**Why 100% gives full fp32 error feedback.** Options no better than a
-cheaper one are pruned first, so no remaining option costs more than its
-class's best (fp32 loses nothing). With ``B`` = the full fp32 bytes, while
+**Why 100% gives full fp32 error feedback.** A group's frontier is built
+up to ``R + k`` units for its ``k`` members (rounding adds less than one unit
+each), so the members' best choice is among its options whenever its bytes
+fit ``B``. Options no better than a cheaper one are pruned, so no remaining
+option costs more than its class's best (fp32 loses nothing). With ``B`` = the full fp32 bytes, while
 some class is below its best, the others cost at most their best, so its
 upgrade fits the spare bytes; the greedy stops only when every class is at
 its best.
@@ -320,7 +322,9 @@ def solve(stats: Mapping[str, TensorStats], budget: int, candidates: Sequence["S
             classes.append(members[0])
             continue
         entries = _shared_entries(shared, names, stats, rate[str(shared)])
-        classes.append(_pareto(_frontier(members, resolution, units) + [option(entries, shared.nbytes(shape))]))
+        # up to R + k units: rounding adds < 1 unit per member, so the members' best choice is there
+        frontier = _frontier(members, resolution + len(names), units)
+        classes.append(_pareto(frontier + [option(entries, shared.nbytes(shape))]))
     if any(not options for options in classes):
         raise ValueError("no candidate store applies to some tensor (offload alone on a host-only model?)")
     table = _Table(classes, resolution, units)
