@@ -1,5 +1,6 @@
 """The defining property of every peer compressor, in the NumPy back-end, and agreement of the
 PyTorch and TensorFlow back-ends where a method is deterministic."""
+import json
 import math
 import re
 
@@ -9,6 +10,7 @@ import tensorflow as tf
 import torch
 from hypothesis import given, settings, strategies as st
 
+from hvdsketch.cli import main
 from hvdsketch.compress import REGISTRY, TensorContext, create
 from hvdsketch.compress.powersgd import PowerSGD
 from hvdsketch.compress.state import LocalResidual
@@ -378,3 +380,24 @@ def test_tensorflow_compressors_trace_inside_tf_function(flag):
     eager = exchange_one(create(flag), g)[0]
     traced = tf.function(lambda x: exchange_one(create(flag), x)[0])(g)
     np.testing.assert_allclose(traced.numpy(), eager.numpy(), rtol=1e-5, atol=1e-6)
+
+
+# -- benchmark -----------------------------------------------------------------
+
+def test_bench_compressors_prints_a_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "compressors.json"
+    assert main(["bench", "compressors", "--numel", "2000", "--width", "20", "--density", "0.01",
+                 "--framework", "numpy", "--repeats", "1", "--json", str(out)]) == 0
+    rows = {row["compressor"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == set(REGISTRY)
+    assert rows["none"]["ratio"] == 1 and rows["none"]["relative_error"] == 0
+    assert rows["topk"]["relative_error"] == 0  # one non-zero row of 20 = the 1% that top-k keeps
+    assert rows["efsignsgd"]["ratio"] == pytest.approx(2000 * 4 / (2000 / 8 + 4))
+    assert rows["powersgd"]["collectives"] == "average | average"
+    assert all(row["compress_ms"] > 0 for row in rows.values())
+    assert "decompress ms" in capsys.readouterr().out
+
+
+def test_bench_compressors_rejects_a_shape_it_cannot_make():
+    with pytest.raises(ValueError, match="not a multiple of --width"):
+        main(["bench", "compressors", "--numel", "1001", "--width", "10", "--framework", "numpy"])

@@ -1,0 +1,171 @@
+"""Every compressor on one gradient: compression ratio, compress and decompress throughput, error.
+
+The gradient has ``--numel`` float32 elements shaped ``(numel / width, width)``,
+like an embedding layer's; a ``--density`` fraction of its rows is non-zero
+(standard normal values, rows drawn at random). Each compressor (every
+registered one with its defaults, or the ``--compressor`` flags given) runs
+one step as a single rank would, with a fresh object and every reduction the
+identity, in the chosen framework's back-end:
+
+  ratio        dense bytes / bytes the rank puts into its collectives, all rounds together
+  compress     time until the first round's messages are ready, and dense GB/s through it
+  decompress   time from the first reduction to the result (PowerSGD's second round included)
+  error        ||result - g|| / ||g||: what one rank's compression loses, before averaging
+
+Times are the median of ``--repeats`` runs after ``--warmup`` runs. The table
+goes to stdout, the same rows as JSON to ``--json`` (``-`` for stdout).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+FRAMEWORKS = {"numpy": ("numpy", "asarray"), "torch": ("torch", "from_numpy"),
+              "tensorflow": ("tensorflow", "convert_to_tensor")}  # module, numpy -> tensor
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"density must be in [0, 1], got {text}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--numel", type=_positive, default=10_000_000, help="gradient elements (default 10^7)")
+    parser.add_argument("--width", type=_positive, default=250,
+                        help="row length; numel must be a multiple of it (default 250)")
+    parser.add_argument("--density", type=_fraction, default=0.01, help="fraction of non-zero rows (default 0.01)")
+    parser.add_argument("--compressor", action="append", metavar="FLAG",
+                        help="a compression flag, repeatable (default: every registered compressor)")
+    parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch",
+                        help="array back-end to run in (default torch)")
+    parser.add_argument("--repeats", type=_positive, default=3, help="timed runs per compressor (median)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs first")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write the rows as JSON here ('-': stdout)")
+
+
+@dataclass(frozen=True)
+class Row:
+    compressor: str
+    ratio: float
+    compress_ms: float
+    compress_gbps: float
+    decompress_ms: float
+    decompress_gbps: float
+    relative_error: float
+    collectives: str  # per round, e.g. "allgather+allgather" or "average | average"
+
+
+def gradient(numel: int, width: int, density: float, seed: int) -> np.ndarray:
+    """A float32 ``(numel / width, width)`` matrix with a ``density`` fraction of random rows non-zero."""
+    if numel % width:
+        raise ValueError(f"--numel {numel} is not a multiple of --width {width}")
+    rows = numel // width
+    rng = np.random.default_rng(seed)
+    g = np.zeros((rows, width), np.float32)
+    chosen = rng.choice(rows, round(density * rows), replace=False)
+    g[chosen] = rng.standard_normal((len(chosen), width), dtype=np.float32)
+    return g
+
+
+def _ready(ops: Any, tensors: list[Any]) -> None:
+    """Wait until ``tensors`` are computed (a device copy of one element each)."""
+    for t in tensors:
+        ops.to_numpy(ops.reshape(t, (-1,))[:1])
+
+
+def measure(make: Callable[[], Any], tensor: Any, ops: Any) -> tuple[float, float, Any, list[list[Any]]]:
+    """One step of a fresh compressor: compress and decompress seconds, result, messages per round."""
+    from hvdsketch.compress import TensorContext
+
+    compressor = make()
+    start = time.perf_counter()
+    exchange = compressor.exchange(tensor, TensorContext("bench", ops.shape(tensor), 0, 1))
+    rounds = [next(exchange)]
+    _ready(ops, [m.tensor for m in rounds[0]])
+    middle = time.perf_counter()
+    while True:
+        try:
+            rounds.append(exchange.send([m.tensor for m in rounds[-1]]))
+        except StopIteration as done:
+            result = done.value
+            break
+    _ready(ops, [result])
+    return middle - start, time.perf_counter() - middle, result, rounds
+
+
+def bench(flag: str, g: np.ndarray, tensor: Any, ops: Any, repeats: int, warmup: int) -> Row:
+    from hvdsketch.compress import create
+
+    make = functools.partial(create, flag)
+    runs = [measure(make, tensor, ops) for _ in range(warmup + repeats)][warmup:]
+    compress_s = statistics.median(r[0] for r in runs)
+    decompress_s = statistics.median(r[1] for r in runs)
+    _, _, result, rounds = runs[-1]
+    compressor = make()
+    sent = sum(compressor.payload_bytes(messages) for messages in rounds)
+    truth = g.astype(np.float64)
+    error = np.linalg.norm(ops.to_numpy(result).astype(np.float64) - truth) / max(np.linalg.norm(truth), 1e-300)
+    return Row(compressor=str(compressor), ratio=g.nbytes / sent,
+               compress_ms=1e3 * compress_s, compress_gbps=g.nbytes / compress_s / 1e9,
+               decompress_ms=1e3 * decompress_s, decompress_gbps=g.nbytes / decompress_s / 1e9,
+               relative_error=float(error),
+               collectives=" | ".join("+".join(m.op for m in messages) for messages in rounds))
+
+
+def table(rows: list[Row]) -> str:
+    head = (f"{'compressor':<22} {'ratio':>8} {'compress ms':>12} {'GB/s':>7} {'decompress ms':>14} {'GB/s':>7} "
+            f"{'rel. error':>10}  collectives")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r.compressor:<22} {r.ratio:>8.1f} {r.compress_ms:>12.1f} {r.compress_gbps:>7.2f} "
+                     f"{r.decompress_ms:>14.1f} {r.decompress_gbps:>7.2f} {r.relative_error:>10.3g}  {r.collectives}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hvdsketch.compress import REGISTRY, create
+    from hvdsketch.ops import backend
+
+    flags = args.compressor or list(REGISTRY)
+    for flag in flags:
+        create(flag)  # a bad flag fails before any timing
+    g = gradient(args.numel, args.width, args.density, args.seed)
+    module, convert = FRAMEWORKS[args.framework]
+    tensor = getattr(importlib.import_module(module), convert)(g)
+    ops = backend(tensor)
+    rows = []
+    print(f"# {args.numel} float32 elements as {g.shape}, {args.density:g} of rows non-zero, "
+          f"{args.framework} back-end, median of {args.repeats}", flush=True)
+    for flag in flags:
+        rows.append(bench(flag, g, tensor, ops, args.repeats, args.warmup))
+        print(f"#   {rows[-1].compressor} done", file=sys.stderr, flush=True)
+    print(table(rows))
+    if args.json:
+        report = {"numel": args.numel, "shape": list(g.shape), "density": args.density,
+                  "framework": args.framework, "repeats": args.repeats, "rows": [asdict(r) for r in rows]}
+        text = json.dumps(report, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as out:
+                out.write(text + "\n")
+    return 0
