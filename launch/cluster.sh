@@ -37,6 +37,10 @@ done
 [[ $NP =~ ^[1-9][0-9]*$ ]] || { echo "cluster.sh: -np must be a positive integer, got '$NP'" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "cluster.sh: needs root for ip netns and tc" >&2; exit 2; }
 
+# A process that already initialised MPI (e.g. a pytest run that imported mpi4py) exports its
+# job's launch variables; mpirun would take them as its own job's and fail.
+while read -r name; do unset "$name"; done < <(env | grep -oE \
+  '^(PMIX_[A-Z0-9_]*|ORTE_[A-Z0-9_]*|OMPI_APP_CTX_[A-Z_]*|OMPI_COMM_WORLD_[A-Z_]*|OMPI_MCA_(ess|orte_|pmix)[a-z_]*)=' | tr -d =)
 # shellcheck disable=SC1091
 source launch/env.sh
 NS="hvdsketch-$$"

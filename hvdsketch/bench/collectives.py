@@ -40,6 +40,7 @@ EXACT = ("dense.ring", "allgather", "sparcml", "omnireduce")
 ALGORITHMS = ("dense.mpi", *EXACT, "sketch", "horovod.torch", "horovod.tensorflow")
 DEFAULT = ("dense.mpi", *EXACT, "sketch")
 MODELLED = ("dense.mpi", "horovod.torch", "horovod.tensorflow")  # bytes from the ring model
+DENSE = ("dense.", "horovod.")  # baselines: sent whole whatever the density
 DENSITIES = "0.001,0.002,0.005,0.01,0.02,0.05,0.1,0.2,0.5"
 
 
@@ -223,12 +224,12 @@ def _point(args: argparse.Namespace, comm: Any, runners: dict[str, Callable[[Wor
 
 
 def crossover(rows: list[Row], baseline: str) -> dict[str, dict[str, float | None]]:
-    """Per algorithm: the largest density up to which it beats ``baseline`` at every density
+    """Per sparse algorithm: the largest density up to which it beats ``baseline`` at every density
     measured, the first density where it does not, and the density where the two time curves
     cross (interpolated in log-log between those two points)."""
     out: dict[str, dict[str, float | None]] = {}
     for name in dict.fromkeys(r.algorithm for r in rows):
-        if name == baseline:
+        if name.startswith(DENSE):
             continue
         points = sorted((r.density, r.speedup) for r in rows if r.algorithm == name)
         wins = 0
@@ -314,7 +315,8 @@ def run(args: argparse.Namespace) -> int:
     cross = crossover(rows, baseline)
     if comm.rank == 0:
         print(_table(rows, baseline))
-        print(_crossover_table(cross, baseline))
+        if cross:
+            print(_crossover_table(cross, baseline))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"config": {**{k: v for k, v in vars(args).items() if k != "run"},

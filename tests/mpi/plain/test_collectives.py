@@ -7,6 +7,7 @@ float32 and results must match bit for bit whatever the order of additions.
 """
 from __future__ import annotations
 
+import json
 import math
 import zlib
 
@@ -318,3 +319,25 @@ def test_collectives_overlap_and_finish_in_any_wait_order(mpi):
     assert np.array_equal(dense_sum(results[2]), want)
     assert np.array_equal(results[3], want)
     assert set(mpi.stats.snapshot()) == {"sparcml", "omnireduce", "sparse_allgather", "allreduce.sum"}
+
+
+# --- the benchmark -------------------------------------------------------------------------
+
+
+def test_bench_collectives_checks_every_sum_and_reports_counted_bytes(comm, tmp_path):
+    from hvdsketch.cli import build_parser
+
+    out = tmp_path / "bench.json"
+    args = build_parser().parse_args(["bench", "collectives", "--size", "4000", "--densities", "0.01,0.5",
+                                      "--repeats", "1", "--warmup", "0", "--json", str(out)])
+    assert args.run(args) == 0
+    if comm.rank != 0:
+        return
+    report = json.loads(out.read_text())
+    rows = {(r["density"], r["algorithm"]): r for r in report["results"]}
+    assert len(rows) == 2 * 6 and report["config"]["ranks"] == comm.size
+    sparse = rows[(0.01, "allgather")]
+    per_rank = 40 * 12 + 16  # 1% of 4000 pairs of 12 bytes, and a 16-byte header, to every other rank
+    assert sparse["received_bytes"] == (comm.size - 1) * per_rank
+    assert rows[(0.5, "dense.ring")]["sent_bytes"] == max(ring_bytes(4000, 4, comm.size, r)[0] for r in range(comm.size))
+    assert set(report["crossover"]) == {"allgather", "sparcml", "omnireduce", "sketch"}
