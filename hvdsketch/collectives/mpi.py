@@ -7,8 +7,9 @@ uses, so it is safe beside Horovod's background thread: mpi4py asks for
 ``MPI_THREAD_MULTIPLE``, as Horovod does).
 
 Every schedule is written here from point-to-point messages, so
-:class:`~hvdsketch.collectives.stats.CommStats` records exactly the bytes this
-rank sends and receives, never a model of a library's algorithm. A schedule is
+:class:`~hvdsketch.collectives.stats.CommStats` records exactly the bytes of the
+messages this rank sends and receives (payload; MPI's and TCP's own headers
+aside), never a model of a library's algorithm. A schedule is
 a generator: it does its local work, yields the requests of the messages it
 posted, and is resumed once they have all completed::
 
@@ -20,7 +21,9 @@ posted, and is resumed once they have all completed::
 :meth:`MPICommunicator.start` turns a schedule into a :class:`Handle`, so every
 collective is non-blocking (MPI's "I" prefix): start it, compute, then
 ``wait()``. While any handle waits, every collective in flight on the
-communicator moves on, so handles may be waited for in any order.
+communicator moves on, so handles may be waited for in any order. As with
+MPI's own non-blocking calls, leave the inputs untouched until ``wait()``
+returns: they are sent from where they lie.
 
 Dense schedules (the sparse ones are in :mod:`hvdsketch.collectives.sparse`):
 

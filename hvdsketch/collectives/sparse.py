@@ -188,7 +188,9 @@ def recursive_doubling(wire: Wire, x: SparseVector, dense_at: float) -> Schedule
     With ``p`` the largest power of two <= N, ranks ``r >= p`` first hand their vector to
     ``r - p`` and get the result back at the end; the first ``p`` ranks run ``log2 p`` rounds
     of swap-and-merge with partner ``r XOR 2^k``. Each message is sparse (``nnz`` x (8 +
-    itemsize) bytes) or dense (``size`` x itemsize) after a 24-byte header.
+    itemsize) bytes) or dense (``size`` x itemsize) after a 24-byte header. Once dense, every
+    remaining round moves the whole vector: ``log2 p`` vectors in all, where a ring allreduce
+    moves ``2 (N - 1) / N``; on dense data recursive doubling loses to a dense allreduce.
     """
     r, p = wire.rank, 1 << (wire.size.bit_length() - 1)
     dtype_id = digest(x.values.dtype.str)
