@@ -5,10 +5,11 @@ doubles the gradient memory and pulls against the memory that compression
 frees; ConEF (Li et al., 2023) keeps compressed residuals and saves 80-90%
 of it with almost no loss. The planner chooses, per tensor ``i``, a store
 ``s_i`` from the candidates, given warm-up statistics
-(:mod:`hvdsketch.memory.warmup`): the store's bytes ``b_is``, the residual
-energy it loses per step ``L_is`` and its time per step ``t_is``::
+(:mod:`hvdsketch.memory.warmup`): the store's bytes ``b_is``, the energy of
+what it loses, accumulated over the steps as the parameters would accumulate
+it, ``L_is = ||sum_t (e_t - Q(e_t))||^2 / T``, and its time per step ``t_is``::
 
-    minimise    sum_i L_{i,s_i} / E  +  w * sum_i t_{i,s_i}      (E: total residual energy)
+    minimise    sum_i L_{i,s_i} / E  +  w * sum_i t_{i,s_i}      (E: what no error feedback loses)
     subject to  sum_i b_{i,s_i} <= B                              (ties: less time)
 
 a multiple-choice knapsack. ``shared`` stores one buffer per shape, which
@@ -72,8 +73,8 @@ class Entry:
     name: str
     shape: tuple[int, ...]
     store: str
-    energy: float   # mean ||e||^2 per step
-    lost: float     # mean energy this store loses per step
+    energy: float   # what no error feedback loses: ||sum_t e_t||^2 / T
+    lost: float     # what this store loses: ||sum_t (e_t - Q(e_t))||^2 / T
     seconds: float  # estimated store time per step
 
 
@@ -120,7 +121,7 @@ class Plan:
 
     @property
     def lost_fraction(self) -> float:
-        """Share of the residual energy the plan loses per step (1.0 = no error feedback)."""
+        """The plan's lost energy as a share of what no error feedback loses (0 = full fp32)."""
         energy = sum(e.energy for e in self.entries)
         return sum(e.lost for e in self.entries) / energy if energy > 0 else 0.0
 
@@ -142,7 +143,8 @@ class Plan:
                       f" vs {_size(full)} for full fp32 error feedback"
                       f" ({self.planned_bytes / max(full, 1):.1%}, saves {_size(full - self.planned_bytes)});"
                       f" budget {_size(self.budget_bytes)} ({self.budget_bytes / max(full, 1):.1%})",
-                  f"lost residual energy per step: {self.lost_fraction:.2%} (none: 100%, full fp32: 0%)"]
+                  f"lost residual energy: {self.lost_fraction:.2%} of what no error feedback loses "
+                  f"(full fp32: 0%)"]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -302,15 +304,15 @@ def solve(stats: Mapping[str, TensorStats], budget: int, candidates: Sequence["S
         raise ValueError("budget, time_weight must be >= 0 and resolution >= 1")
     shared = next((s for s in stores if isinstance(s, Shared)), None)
     elements = sum(numel(st.shape) * st.steps for st in stats.values())
-    rate = {str(s): sum(st.seconds[str(s)] for st in stats.values()) / max(elements, 1) for s in stores}
-    total = sum(_mean(st.energies) for st in stats.values()) or 1.0
+    rate = {str(s): sum(st.seconds.get(str(s), 0.0) for st in stats.values()) / max(elements, 1) for s in stores}
+    total = sum(st.energy() for st in stats.values()) or 1.0
 
     def option(entries: tuple[Entry, ...], nbytes: int) -> _Option:
         seconds = sum(e.seconds for e in entries)
         return _Option(nbytes, sum(e.lost for e in entries) / total + time_weight * seconds, seconds, entries)
 
     def singles(name: str, st: TensorStats) -> list[_Option]:
-        return _pareto(option((Entry(name, st.shape, str(s), _mean(st.energies), st.lost[str(s)] / max(st.steps, 1),
+        return _pareto(option((Entry(name, st.shape, str(s), st.energy(), st.lost_energy(s),
                                      rate[str(s)] * numel(st.shape)),), 0 if s.host else s.nbytes(st.shape))
                        for s in stores if s is not shared and not (s.host and st.on_host))
 
@@ -337,10 +339,6 @@ def solve(stats: Mapping[str, TensorStats], budget: int, candidates: Sequence["S
     return Plan(budget, tuple(picked[name] for name in stats))
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
 def _units(budget: int, resolution: int) -> Callable[[int], int]:
     """Bytes to budget units, rounded up, so fitting units means fitting bytes."""
     def units(nbytes: int) -> int:
@@ -362,10 +360,8 @@ def _shared_entries(shared: Store, names: Sequence[str], stats: Mapping[str, Ten
                     rate: float) -> tuple[Entry, ...]:
     """Entries of a group sharing one buffer: each step the largest residual keeps it, the others lose theirs."""
     steps = min(stats[n].steps for n in names)
-    energies = np.array([stats[n].energies[:steps] for n in names]).reshape(len(names), steps)
-    lost = energies.sum(axis=1) - np.where(np.arange(len(names))[:, None] == energies.argmax(axis=0), energies,
-                                           0).sum(axis=1)
-    return tuple(Entry(n, stats[n].shape, str(shared), _mean(stats[n].energies), float(lost[i]) / max(steps, 1),
+    owner = np.array([stats[n].energies[:steps] for n in names]).reshape(len(names), steps).argmax(axis=0)
+    return tuple(Entry(n, stats[n].shape, str(shared), stats[n].energy(), stats[n].lost_unless(owner == i),
                        rate * numel(stats[n].shape)) for i, n in enumerate(names))
 
 

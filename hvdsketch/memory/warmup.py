@@ -1,59 +1,101 @@
-"""Warm-up statistics: what each candidate store would lose of each tensor's residual, and its time.
+"""Warm-up statistics: how much of each tensor's residual each candidate store would lose, and its time.
 
-During a short warm-up with full error feedback, every residual ``e`` is
-put into each candidate store and taken back (one round trip, on the
-tensor's own back-end and device), recording
+What a store loses matters through its sum. With error feedback, the updates
+of ``T`` steps add up to the gradients' sum minus what the store dropped
+(error feedback telescopes, as in Karimireddy et al., 2019)::
 
-* ``||e||^2``, the residual's energy, every step;
-* ``||e - take(put(e))||^2``, the energy the store loses;
-* the seconds its ``put`` and ``take`` took.
+    sum_t C(g_t + Q(e_t)) = sum_t g_t - sum_t (e_t - Q(e_t)) - e_T
 
-The ``shared`` store's loss depends on the other tensors of its shape, so
-the planner derives it from the per-step energies: one step of a shared
-buffer keeps the group's largest residual and loses the rest.
+so the parameters drift from the uncompressed trajectory by ``lr`` times the
+*accumulated* loss ``sum_t l_t``, ``l_t = e_t - Q(e_t)``. A store that drops
+the same coordinates every step (no error feedback at all; a biased
+compressor's persistent residual) drifts like ``T ||l||``; one whose losses
+vary in sign drifts like ``sqrt(T) ||l||``. So a store's *lost energy* is
+measured as ``||sum_t l_t||^2 / T`` over the warm-up steps, and "no error
+feedback" loses ``||sum_t e_t||^2 / T``.
+
+During a warm-up with full error feedback every residual ``e_t`` is put into
+each candidate store and taken back (one round trip, on the tensor's own
+back-end and device). Only the loss at a fixed random sample of at most
+:data:`SAMPLE` coordinates per tensor is accumulated (scaled by ``n / m``, an
+unbiased estimate of the squared norm), so the statistics stay small. The
+``shared`` store's loss depends on the other tensors of its shape; the
+planner derives it from the per-step samples and energies: one step of a
+shared buffer keeps the group's largest residual and loses the others.
 """
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+import zlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from hvdsketch.memory.stores import Store
+from hvdsketch.memory.stores import Store, numel
 from hvdsketch.ops import backend
+
+#: Coordinates per tensor at which losses are accumulated.
+SAMPLE = 1 << 16
+
+
+def sample_of(name: str, n: int) -> np.ndarray:
+    """The sorted coordinates sampled from a tensor of ``n`` elements (all when ``n <= SAMPLE``)."""
+    if n <= SAMPLE:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    return np.sort(rng.choice(n, SAMPLE, replace=False)).astype(np.int64)
 
 
 @dataclass
 class TensorStats:
-    """Warm-up statistics of one tensor, summed over the observed steps."""
+    """Warm-up statistics of one tensor."""
 
     shape: tuple[int, ...]
-    #: ``||e||^2`` of each observed step.
+    #: ``||e_t||^2`` of each observed step (all coordinates).
     energies: list[float] = field(default_factory=list)
-    #: candidate flag -> lost energy, summed over the steps.
-    lost: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    #: ``e_t`` at the sampled coordinates, each step.
+    samples: list[np.ndarray] = field(default_factory=list)
+    #: candidate flag -> ``sum_t l_t`` at the sampled coordinates.
+    lost: dict[str, np.ndarray] = field(default_factory=dict)
     #: candidate flag -> seconds in ``put`` and ``take``, summed over the steps.
-    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    seconds: dict[str, float] = field(default_factory=dict)
     #: False when the tensor lives on an accelerator, where ``offload`` saves device memory.
     on_host: bool = True
 
     @property
     def steps(self) -> int:
-        return len(self.energies)
+        return len(self.samples)
+
+    def drift(self, accumulated: np.ndarray) -> float:
+        """``||sum_t l_t||^2 / T`` estimated from its sampled coordinates."""
+        if not self.steps or not len(accumulated):
+            return 0.0
+        return numel(self.shape) / len(accumulated) * float(np.dot(accumulated, accumulated)) / self.steps
+
+    def energy(self) -> float:
+        """What no error feedback would lose: ``||sum_t e_t||^2 / T``."""
+        return self.drift(np.sum(self.samples, axis=0)) if self.samples else 0.0
+
+    def lost_energy(self, store: Store) -> float:
+        """What ``store`` loses: ``||sum_t (e_t - Q(e_t))||^2 / T``."""
+        return self.drift(self.lost[str(store)]) if store.keeps else self.energy()
+
+    def lost_unless(self, kept: Iterable[bool]) -> float:
+        """What is lost when only the steps marked ``kept`` keep their residual (``shared``)."""
+        dropped = [s for s, k in zip(self.samples, kept) if not k]
+        return self.drift(np.sum(dropped, axis=0)) if dropped else 0.0
 
     def to_arrays(self) -> dict[str, Any]:
         return {"shape": np.asarray(self.shape, dtype=np.int64), "energies": np.asarray(self.energies),
-                "on_host": np.asarray(self.on_host), "lost": {k: np.asarray(v) for k, v in self.lost.items()},
-                "seconds": {k: np.asarray(v) for k, v in self.seconds.items()}}
+                "samples": np.asarray(self.samples), "on_host": np.asarray(self.on_host),
+                "lost": dict(self.lost), "seconds": {k: np.asarray(v) for k, v in self.seconds.items()}}
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, Any]) -> "TensorStats":
         return cls(tuple(int(d) for d in arrays["shape"]), [float(e) for e in arrays["energies"]],
-                   defaultdict(float, {k: float(v) for k, v in arrays["lost"].items()}),
-                   defaultdict(float, {k: float(v) for k, v in arrays["seconds"].items()}),
-                   bool(arrays["on_host"]))
+                   list(arrays["samples"]), {k: np.asarray(v) for k, v in arrays["lost"].items()},
+                   {k: float(v) for k, v in arrays["seconds"].items()}, bool(arrays["on_host"]))
 
 
 class Warmup:
@@ -62,6 +104,7 @@ class Warmup:
     def __init__(self, candidates: Sequence[Store]) -> None:
         self.candidates = list(candidates)
         self.stats: dict[str, TensorStats] = {}
+        self._index: dict[str, Any] = {}
 
     def observe(self, name: str, residual: Any) -> None:
         """Record one step's ``residual`` of tensor ``name``."""
@@ -69,14 +112,24 @@ class Warmup:
         stats = self.stats.get(name)
         if stats is None:
             stats = self.stats[name] = TensorStats(ops.shape(residual), on_host=ops.device_name(residual) == "cpu")
-        energy = ops.sqnorm(residual)
-        stats.energies.append(energy)
+        if name not in self._index:
+            self._index[name] = ops.from_numpy(sample_of(name, numel(stats.shape)), residual)
+        index = self._index[name]
+
+        def sampled(x: Any) -> np.ndarray:
+            return ops.to_numpy(ops.cast(ops.gather(ops.flatten(x), index), "float64"))
+
+        stats.energies.append(ops.sqnorm(residual))
+        stats.samples.append(sampled(residual))
         for store in self.candidates:
+            if not store.keeps:
+                continue
             key = str(store)
             start = time.perf_counter()
-            back = store.take(ops, store.put(ops, None, residual, name), name, residual)[0] if store.keeps else None
-            stats.seconds[key] += time.perf_counter() - start
-            stats.lost[key] += energy if back is None else ops.sqnorm(residual - back)
+            back = store.take(ops, store.put(ops, None, residual, name), name, residual)[0]
+            stats.seconds[key] = stats.seconds.get(key, 0.0) + time.perf_counter() - start
+            lost = sampled(residual if back is None else residual - back)
+            stats.lost[key] = stats.lost[key] + lost if key in stats.lost else lost
 
     def observe_all(self, residuals: Mapping[str, Sequence[Any]]) -> None:
         """Record every tensor's residual samples, step by step in the order given."""
@@ -91,3 +144,4 @@ class Warmup:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.stats = {name: TensorStats.from_arrays(arrays) for name, arrays in state.items()}
+        self._index = {}

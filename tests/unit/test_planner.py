@@ -1,10 +1,10 @@
 """The memory planner: within budget always, optimal against brute force, fp32 at 100%, shared groups, CLI."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
-from collections import defaultdict
 
 import numpy as np
 import pytest
@@ -23,8 +23,20 @@ LOSSY = ["topk:ratio=0.01", "topk:ratio=0.2", "fp16"]
 CANDIDATES = ["none", "fp32", *LOSSY, "shared", "offload"]
 
 
+def tensor_stats(shape, energies, fractions=None, seconds=None, on_host=True, direction=None) -> TensorStats:
+    """Statistics of a residual that points the same way every step (so its loss accumulates) with
+    ``energies[t] = ||e_t||^2``; each store in ``fractions`` loses that fraction of the accumulated energy."""
+    u = np.ones(numel(shape)) if direction is None else np.asarray(direction, dtype=float)
+    u = u / np.linalg.norm(u)
+    samples = [math.sqrt(e) * u for e in energies]
+    total = np.sum(samples, axis=0)
+    fractions = {"fp32": 0.0, "offload": 0.0, "shared": 0.0, **(fractions or {})}
+    return TensorStats(tuple(shape), list(energies), samples, {f: math.sqrt(x) * total for f, x in fractions.items()},
+                       dict(seconds or {}), on_host)
+
+
 @st.composite
-def models(draw, max_tensors: int = 7, shared_ok: bool = True):
+def models(draw, max_tensors: int = 7):
     """Warm-up statistics of a random model: energies, nested loss fractions, realistic times."""
     count = draw(st.integers(1, max_tensors))
     steps = draw(st.integers(1, 4))
@@ -33,14 +45,11 @@ def models(draw, max_tensors: int = 7, shared_ok: bool = True):
     for i in range(count):
         shape = draw(st.sampled_from(SHAPES))
         energies = [draw(st.floats(1e-6, 1e3)) for _ in range(steps)]
-        total = sum(energies)
         fractions = sorted((draw(st.floats(0.0, 1.0)) for _ in LOSSY), reverse=True)
-        lost = defaultdict(float, {"none": total, "fp32": 0.0, "offload": 0.0, "shared": 0.0})
-        lost.update({flag: f * total for flag, f in zip(LOSSY, fractions)})
         n = numel(shape) * steps
-        seconds = defaultdict(float, {"none": 0.0, "fp32": 1e-9 * n, "fp16": 3e-9 * n, "shared": 2e-9 * n,
-                                      "topk:ratio=0.01": 2e-8 * n, "topk:ratio=0.2": 2e-8 * n, "offload": 1e-7 * n})
-        stats[f"t{i}"] = TensorStats(shape, energies, lost, seconds, on_host)
+        seconds = {"fp32": 1e-9 * n, "fp16": 3e-9 * n, "shared": 2e-9 * n, "topk:ratio=0.01": 2e-8 * n,
+                   "topk:ratio=0.2": 2e-8 * n, "offload": 1e-7 * n}
+        stats[f"t{i}"] = tensor_stats(shape, energies, dict(zip(LOSSY, fractions)), seconds, on_host)
     return stats
 
 
@@ -78,7 +87,7 @@ def test_with_the_whole_budget_real_warmup_residuals_plan_full_fp32():
 
 
 def _lost(stats, choice: dict[str, str]) -> float:
-    return sum(stats[name].lost[flag] / stats[name].steps for name, flag in choice.items())
+    return sum(stats[name].lost_energy(create_store(flag)) for name, flag in choice.items())
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,7 +108,7 @@ def test_the_plan_is_optimal_among_plans_whose_rounded_costs_fit(stats, fraction
         if sum(0 if b == 0 else -(-b * resolution // budget) if budget else resolution + 1 for b in sizes) <= resolution:
             best_rounded = min(best_rounded, _lost(stats, choice))
     got = _lost(stats, {e.name: e.store for e in plan.entries})
-    tolerance = 1e-9 * (1 + sum(sum(s.energies) for s in stats.values()))
+    tolerance = 1e-9 * (1 + sum(s.energy() for s in stats.values()))
     assert best_exact - tolerance <= got <= best_rounded + tolerance
 
 
@@ -110,23 +119,22 @@ def test_a_shape_group_shares_one_buffer_when_its_largest_residual_moves_around(
     keeps each step's largest, which loses less.
     """
     energies = {"a": [100.0, 1.0, 1.0], "b": [1.0, 100.0, 1.0], "c": [1.0, 1.0, 100.0]}
-    seconds = defaultdict(float, {"fp32": 1e-6, "shared": 2e-6})  # sharing also computes a norm
-    stats = {name: TensorStats((1000,), e, defaultdict(float, {"none": sum(e)}), seconds)
-             for name, e in energies.items()}
+    seconds = {"fp32": 1e-6, "shared": 2e-6}  # sharing also computes a norm
+    stats = {name: tensor_stats((1000,), e, seconds=seconds) for name, e in energies.items()}
     plan = solve(stats, 4000, ["none", "fp32", "shared"])
     assert [e.store for e in plan.entries] == ["shared"] * 3
     assert plan.planned_bytes == 4000
-    assert sum(e.lost for e in plan.entries) == pytest.approx(2.0)  # each step, two residuals of energy 1
+    # each tensor loses its two steps of energy 1 in one direction: ||2 u||^2 / 3
+    assert [e.lost for e in plan.entries] == pytest.approx([4 / 3] * 3)
     # with one tensor always the largest, sharing saves nothing over fp32 for it alone
-    stats["a"].energies[:] = [100.0] * 3
+    stats["a"] = tensor_stats((1000,), [100.0] * 3, seconds=seconds)
     plan = solve(stats, 4000, ["none", "fp32", "shared"])
     assert plan.entry("a").store == "fp32" and plan.entry("b").store == "none"
 
 
 def _device_stats(fp32_s: float, offload_s: float) -> dict[str, TensorStats]:
-    lost = defaultdict(float, {"none": 30.0})
-    return {f"t{i}": TensorStats((100, 10), [10.0] * 3, lost, defaultdict(float, {"fp32": fp32_s, "offload": offload_s}),
-                                 on_host=False) for i in range(3)}
+    return {f"t{i}": tensor_stats((100, 10), [10.0] * 3, seconds={"fp32": fp32_s, "offload": offload_s},
+                                  on_host=False) for i in range(3)}
 
 
 def test_offload_costs_no_device_memory_and_loses_to_fp32_on_time_when_both_fit():
@@ -136,7 +144,7 @@ def test_offload_costs_no_device_memory_and_loses_to_fp32_on_time_when_both_fit(
     none = solve(stats, 0, ["none", "fp32", "offload"])
     assert {e.store for e in none.entries} == {"offload"}
     assert none.planned_bytes == 0 and none.host_bytes == 12000 and none.lost_fraction == 0
-    host = {name: TensorStats(s.shape, s.energies, s.lost, s.seconds, on_host=True) for name, s in stats.items()}
+    host = {name: dataclasses.replace(s, on_host=True) for name, s in stats.items()}
     assert {e.store for e in solve(host, 0, ["none", "fp32", "offload"]).entries} == {"none"}  # saves nothing there
 
 
@@ -147,7 +155,7 @@ def test_a_time_weight_trades_lost_energy_for_store_time():
 
 
 def test_budgets_that_no_plan_fits_and_bad_options_fail_clearly():
-    stats = {"w": TensorStats((10,), [1.0], defaultdict(float))}
+    stats = {"w": tensor_stats((10,), [1.0], {"fp16": 0.0})}
     with pytest.raises(ValueError, match="below the smallest plan"):
         solve(stats, 19, ["fp32", "fp16"])  # fp16 needs 20 bytes
     with pytest.raises(ValueError, match="exactly one"):
