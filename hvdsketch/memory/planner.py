@@ -33,7 +33,8 @@ objective of the first ``c`` classes within ``r`` units, is::
 rounded costs fit; the rounding can leave up to one unit per class unused,
 so a final greedy pass spends the exactly counted spare bytes on the
 upgrades of best value per byte, each only if its extra bytes fit in what is
-left: the total never passes ``B`` at any step.
+left: the total never passes ``B`` at any step. (Should no choice fit in
+rounded units, the greedy starts from the cheapest choice, if that fits.)
 
 **Why 100% gives full fp32 error feedback.** A group's frontier is built
 up to ``R + k`` units for its ``k`` members (rounding adds less than one unit
@@ -291,8 +292,8 @@ def solve(stats: Mapping[str, TensorStats], budget: int, candidates: Sequence["S
         budget: bytes of residual state allowed on the tensors' device.
         candidates: the stores to choose from (flags or stores). ``offload`` is
             offered only for tensors on an accelerator: on the host it saves nothing.
-        time_weight: objective weight of one second per step, in units of the
-            total residual energy (0: time only breaks ties).
+        time_weight: objective weight of one second of store time per step, in units
+            of what no error feedback loses (0: time only breaks ties).
         resolution: budget units of the dynamic programme.
     """
     from hvdsketch.memory import create_store
@@ -318,7 +319,7 @@ def solve(stats: Mapping[str, TensorStats], budget: int, candidates: Sequence["S
 
     units = _units(budget, resolution)
     classes: list[list[_Option]] = []
-    for shape, names in _groups(stats, split=shared is not None):
+    for shape, names in _groups(stats, by_shape=shared is not None):
         members = [singles(name, stats[name]) for name in names]
         if len(names) == 1:
             classes.append(members[0])
@@ -330,11 +331,15 @@ def solve(stats: Mapping[str, TensorStats], budget: int, candidates: Sequence["S
     if any(not options for options in classes):
         raise ValueError("no candidate store applies to some tensor (offload alone on a host-only model?)")
     table = _Table(classes, resolution, units)
-    if not np.isfinite(table.value[resolution]):
-        cheapest = sum(min(o.bytes for o in options) for options in classes)
-        raise ValueError(f"a residual-memory budget of {budget} bytes is below the smallest plan the candidates "
-                         f"allow ({cheapest} bytes); raise the budget or add 'none' to the candidates")
-    chosen = _spend(classes, table.choose(resolution), budget)
+    if np.isfinite(table.value[resolution]):
+        chosen = table.choose(resolution)
+    else:  # no choice fits in rounded units; start from the cheapest if it fits in bytes
+        chosen = [min(range(len(options)), key=lambda j: (options[j].bytes, options[j].value)) for options in classes]
+        cheapest = sum(options[j].bytes for options, j in zip(classes, chosen))
+        if cheapest > budget:
+            raise ValueError(f"a residual-memory budget of {budget} bytes is below the smallest plan the "
+                             f"candidates allow ({cheapest} bytes); raise the budget or add 'none' to the candidates")
+    chosen = _spend(classes, chosen, budget)
     picked = {e.name: e for options, j in zip(classes, chosen) for e in options[j].entries}
     return Plan(budget, tuple(picked[name] for name in stats))
 
@@ -348,11 +353,11 @@ def _units(budget: int, resolution: int) -> Callable[[int], int]:
     return units
 
 
-def _groups(stats: Mapping[str, TensorStats], split: bool) -> list[tuple[tuple[int, ...], list[str]]]:
-    """Tensors grouped by shape (each alone unless ``split`` is False), in model order."""
+def _groups(stats: Mapping[str, TensorStats], by_shape: bool) -> list[tuple[tuple[int, ...], list[str]]]:
+    """Tensors grouped by shape if ``by_shape``, else each alone, in model order."""
     groups: dict[Any, tuple[tuple[int, ...], list[str]]] = {}
     for name, st in stats.items():
-        groups.setdefault(st.shape if split else name, (st.shape, []))[1].append(name)
+        groups.setdefault(st.shape if by_shape else name, (st.shape, []))[1].append(name)
     return list(groups.values())
 
 

@@ -109,7 +109,11 @@ class Memory:
             self._slot_store[slot] = store
 
     def nbytes(self) -> int:
-        """Bytes of residual state on the tensors' own device (everything but ``offload``)."""
+        """Bytes of residual state kept between steps on the tensors' own device (all but ``offload``).
+
+        Between ``compensate`` and ``update`` of a tensor its residual is out of the
+        store, as a dense tensor the size of the gradient, for the compressor to use.
+        """
         return self._bytes(host=False)
 
     def host_nbytes(self) -> int:

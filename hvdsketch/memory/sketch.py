@@ -70,11 +70,11 @@ class SketchStore(Store):
     def _hashes(self, name: str, cols: int) -> HashFamily:
         return HashFamily.draw(self.rows, cols, self.seed, name)
 
-    def _chunks(self, ops: ModuleType, n: int) -> Iterator[tuple[int, Any]]:
-        """``(start, coordinates)`` of each chunk, one chunk in memory at a time."""
+    def _chunks(self, ops: ModuleType, n: int, like: Any) -> Iterator[tuple[int, Any]]:
+        """``(start, coordinates)`` of each chunk on ``like``'s device, one chunk in memory at a time."""
         layout = Layout(n, -(-n // self.chunk), self.chunk)
         for unit in range(layout.units):
-            yield unit * self.chunk, layout.coordinates(ops, ops.constant([unit], "int64"))
+            yield unit * self.chunk, ops.to_device(layout.coordinates(ops, ops.constant([unit], "int64")), like)
 
     def _sketch(self, ops: ModuleType, hashes: HashFamily, coords: Any, values: Any) -> Any:
         """``S(v)`` of the vector holding ``values`` at ``coords`` (float32, ``rows x cols``)."""
@@ -96,7 +96,7 @@ class SketchStore(Store):
         hashes = self._hashes(name, ops.shape(cells)[1])
         k = min(n, math.ceil(self.recover * hashes.cols))
         found, values = [], []
-        for _, coords in self._chunks(ops, n):  # the k largest estimates of each chunk, then of all chunks
+        for _, coords in self._chunks(ops, n, cells):  # the k largest estimates of each chunk, then of all chunks
             estimate = self._estimate(ops, hashes, cells, coords)
             best = ops.topk_abs(estimate, k)
             found.append(ops.gather(coords, best))
@@ -115,6 +115,6 @@ class SketchStore(Store):
         hashes = self._hashes(name, cols)
         flat = ops.cast(ops.flatten(residual), "float32")
         cells = held["S"] if held is not None else 0
-        for start, coords in self._chunks(ops, n):
+        for start, coords in self._chunks(ops, n, flat):
             cells = cells + self._sketch(ops, hashes, coords, flat[start:start + self.chunk])
         return {"S": cells}

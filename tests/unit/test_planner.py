@@ -158,6 +158,9 @@ def test_budgets_that_no_plan_fits_and_bad_options_fail_clearly():
     stats = {"w": tensor_stats((10,), [1.0], {"fp16": 0.0})}
     with pytest.raises(ValueError, match="below the smallest plan"):
         solve(stats, 19, ["fp32", "fp16"])  # fp16 needs 20 bytes
+    # 3 x 10 bytes fit 30 bytes exactly, though their rounded units (3 x 1366) exceed 4096
+    three = {f"t{i}": tensor_stats((5,), [1.0], {"fp16": 0.1}) for i in range(3)}
+    assert solve(three, 30, ["fp32", "fp16"]).planned_bytes == 30
     with pytest.raises(ValueError, match="exactly one"):
         plan_for_model({"w": (10,)}, {"w": [np.ones(10, np.float32)]})
     with pytest.raises(ValueError, match="missing: \\['v'\\]"):
