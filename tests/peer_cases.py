@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import pytest
 
 from hvdsketch.compress import TensorContext, create
 from hvdsketch.compress.base import Message
@@ -20,6 +21,7 @@ from hvdsketch.compress.state import LocalResidual
 from hvdsketch.ops import backend
 
 NAME = "layer.weight"
+NAN_FLAGS = ["topk:ratio=0.05", "dgc:ratio=0.05", "qsgd", "terngrad", "efsignsgd", "powersgd:rank=2"]
 STEPS = 3
 
 
@@ -51,6 +53,18 @@ CASES = [
     Case("dgc:ratio=1,sample=1", exact=True),
     Case("powersgd:rank=3", (40, 24), low_rank=3, exact=True),
 ]
+
+
+@dataclass(frozen=True)
+class World:
+    """One rank's view of an MPI test: its place, Horovod's communicator, the framework's
+    conversion from NumPy, and hvdsketch's exchange driver."""
+
+    size: int
+    rank: int
+    communicator: Any
+    convert: Callable[[np.ndarray], Any]
+    exchange_all: Callable
 
 
 def gradient(rank: int, step: int, case: Case, seed: int = 11) -> np.ndarray:
@@ -133,18 +147,17 @@ def assert_close(actual: np.ndarray, desired: np.ndarray, what: str) -> None:
     np.testing.assert_allclose(actual, desired, rtol=1e-4, atol=1e-4 * float(np.abs(desired).max()), err_msg=what)
 
 
-def check_exchange(case: Case, size: int, rank: int, communicator: Any,
-                   convert: Callable[[np.ndarray], Any], exchange_all: Callable) -> None:
-    """Run ``case`` for :data:`STEPS` steps through ``exchange_all`` over ``communicator`` and
-    compare every step with :func:`simulate` (and :func:`independent`); check every rank ends
-    with the same bits."""
+def check_exchange(case: Case, world: World) -> None:
+    """Run ``case`` for :data:`STEPS` steps through ``exchange_all`` over Horovod and compare every
+    step with :func:`simulate` (and :func:`independent`); check every rank ends with the same bits."""
+    size, rank, convert = world.size, world.rank, world.convert
     reference = simulate(case, size, convert)
     first = independent(case, size)
     compressor = create(case.flag)
     memory = LocalResidual() if case.memory else None
     for t in range(STEPS):
         ctx = TensorContext(NAME, case.shape, t, size)
-        (got,) = exchange_all([(compressor, convert(gradient(rank, t, case)), ctx)], communicator, memory)
+        (got,) = world.exchange_all([(compressor, convert(gradient(rank, t, case)), ctx)], world.communicator, memory)
         ops = backend(got)
         assert ops.shape(got) == case.shape
         result = ops.to_numpy(got)
@@ -153,18 +166,27 @@ def check_exchange(case: Case, size: int, rank: int, communicator: Any,
             assert_close(result, dense_average(size, t, case), f"{case} step {t} against the dense average")
         elif t == 0 and first is not None:
             assert_close(result, first, f"{case} against the NumPy formula")
-        (everyone,) = communicator.reduce([Message(ops.flatten(got), "allgather")])
+        (everyone,) = world.communicator.reduce([Message(ops.flatten(got), "allgather")])
         copies = ops.to_numpy(everyone).reshape(size, -1)
         assert (copies == copies[0]).all(), f"{case}: ranks hold different results at step {t}"
 
 
-def check_lock_step(size: int, rank: int, communicator: Any, convert: Callable[[np.ndarray], Any],
-                    exchange_all: Callable) -> None:
+def check_lock_step(world: World) -> None:
     """All cases' tensors in one ``exchange_all`` call (one or two rounds, allgathers and
     allreduces fused per round) give each case's simulated first step."""
     picked = [case for case in CASES if not case.memory]
-    jobs = [(create(case.flag), convert(gradient(rank, 0, case)), TensorContext(str(case), case.shape, 0, size))
-            for case in picked]
-    for case, got in zip(picked, exchange_all(jobs, communicator)):
-        expected = simulate(case, size, convert, steps=1, name=str(case))[0][rank]
+    jobs = [(create(case.flag), world.convert(gradient(world.rank, 0, case)),
+             TensorContext(str(case), case.shape, 0, world.size)) for case in picked]
+    for case, got in zip(picked, world.exchange_all(jobs, world.communicator)):
+        expected = simulate(case, world.size, world.convert, steps=1, name=str(case))[0][world.rank]
         assert_close(backend(got).to_numpy(got), backend(expected).to_numpy(expected), f"{case} in lock step")
+
+
+def check_nan_fails_everywhere(flag: str, world: World, error: type) -> None:
+    """A NaN in the last rank's gradient makes ``exchange_all`` raise ``error`` on every rank, none hangs."""
+    g = gradient(world.rank, 0, Case(flag))
+    if world.rank == world.size - 1:
+        g[5, 5] = np.nan
+    job = (create(flag), world.convert(g), TensorContext(NAME, g.shape, 0, world.size))
+    with pytest.raises(error, match="NaN or Inf"):
+        world.exchange_all([job], world.communicator)

@@ -202,8 +202,9 @@ def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
 
 def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
     """int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``; if more than
-    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any)."""
-    idx = np.flatnonzero(np.abs(x) >= threshold).astype(np.int64)
+    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any). NaN qualifies
+    and ranks largest (as in top-k), so a non-finite input always reaches the collective."""
+    idx = np.flatnonzero(~(np.abs(x) < threshold)).astype(np.int64)
     if idx.shape[0] > limit:
         idx = idx[np.argpartition(np.abs(x[idx]), idx.shape[0] - limit)[idx.shape[0] - limit:]]
     return idx

@@ -155,7 +155,7 @@ def sqnorm(x: Tensor) -> float:
 def topk_abs(x: Tensor, k: int) -> Tensor:
     """int64 indices of the ``k`` entries of the 1-D ``x`` largest in magnitude (ties: any)."""
     k = min(k, int(x.shape[0]))
-    return tf.cast(tf.math.top_k(tf.abs(x), k, sorted=False).indices, tf.int64)
+    return tf.cast(tf.math.top_k(_nan_largest(tf.abs(x)), k, sorted=False).indices, tf.int64)
 
 
 def device_name(x: Tensor) -> str:
@@ -194,11 +194,17 @@ def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
 
 def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
     """int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``; if more than
-    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any)."""
-    magnitude = tf.abs(x)
-    idx = tf.reshape(tf.where(magnitude >= threshold), [-1])
+    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any). NaN qualifies
+    and ranks largest (as in top-k), so a non-finite input always reaches the collective."""
+    magnitude = _nan_largest(tf.abs(x))
+    idx = tf.reshape(tf.where(tf.logical_not(magnitude < threshold)), [-1])
     kept = tf.math.top_k(tf.gather(magnitude, idx), tf.minimum(tf.size(idx), limit), sorted=False).indices
     return tf.gather(idx, kept)
+
+
+def _nan_largest(magnitude: Tensor) -> Tensor:
+    """``magnitude`` with NaN as +inf: ``tf.math.top_k`` may pass over NaN, NumPy and PyTorch rank it largest."""
+    return tf.where(tf.math.is_nan(magnitude), tf.constant(np.inf, magnitude.dtype), magnitude)
 
 
 def reduce_sum(x: Tensor, axis: int | None = None) -> Tensor:

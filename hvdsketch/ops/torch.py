@@ -193,9 +193,10 @@ def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
 
 def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
     """int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``; if more than
-    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any)."""
+    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any). NaN qualifies
+    and ranks largest (as in top-k), so a non-finite input always reaches the collective."""
     magnitude = x.abs()
-    idx = torch.nonzero(magnitude >= threshold).reshape(-1)
+    idx = torch.nonzero(~(magnitude < threshold)).reshape(-1)
     if idx.shape[0] > limit:
         idx = idx[torch.topk(magnitude[idx], limit, sorted=False).indices]
     return idx

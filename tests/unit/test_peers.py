@@ -382,6 +382,17 @@ def test_tensorflow_compressors_trace_inside_tf_function(flag):
     np.testing.assert_allclose(traced.numpy(), eager.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("flag", ["topk", "randomk:ratio=1", "dgc", "dgc:sample=1", "qsgd", "terngrad", "efsignsgd",
+                                  "powersgd"])
+def test_a_nan_reaches_the_collectives(backend, flag):
+    """So the exchange driver's finiteness check fails on every rank, not just on the one with the NaN."""
+    ops, convert = BACKENDS[backend]
+    g = np.random.default_rng(16).standard_normal((48, 20)).astype(np.float32)
+    g[7, 3] = np.nan
+    messages = first_round(create(flag), convert(g))
+    assert any(not ops.all_finite(m.tensor) for m in messages if ops.is_floating(m.tensor))
+
 # -- benchmark -----------------------------------------------------------------
 
 def test_bench_compressors_prints_a_table_and_writes_json(tmp_path, capsys):
