@@ -60,8 +60,8 @@ def kjv_verses() -> list[tuple[str, str]]:
     The package stores the text compressed for random access; its ``bible``
     program decodes it (``-f`` turns pretty-printing off: one verse a line).
     """
-    program = shutil.which("bible")
-    require([KJV_DATA, Path(program or "/usr/bin/bible")], "bible-kjv")
+    program = shutil.which("bible") or "/usr/bin/bible"
+    require([KJV_DATA, Path(program)], "bible-kjv")
     out = subprocess.run([program, "-f", "-p", str(KJV_DATA.parent), "gen1:1-rev22:21"],
                          check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL).stdout
     verses = [tuple(line.split(" ", 1)) for line in out.splitlines() if line.strip()]

@@ -8,7 +8,7 @@ given a WordNet synset's words and gloss, name its lexicographer file, one
 of 45 supersenses (``noun.animal``, ``verb.motion``, ...).
 
 The embedding table has ``vocab_size + buckets`` rows (161,072 x 64 = 10.3M
-parameters by default); a batch of 64 synsets touches about 1,500 of them, so
+parameters by default); a batch of 64 synsets touches about 1,300 of them, so
 over 99% of the model's gradient is a sparse COO tensor of those rows
 (``nn.EmbeddingBag(sparse=True)``); only the small output layer is dense.
 """

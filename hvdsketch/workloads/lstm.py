@@ -7,8 +7,9 @@ COO tensor of those rows, while the LSTM's and the untied decoder's
 gradients are dense (the decoder's ``vocab x hidden`` matrix gets a
 gradient in every row through the softmax).
 
-Shape (Zaremba et al. 2014, "small" width): embedding -> dropout -> LSTM
-x ``layers`` (dropout between) -> dropout -> linear decoder over the vocabulary.
+Shape, as in Zaremba et al. (2014): embedding -> dropout -> LSTM x ``layers``
+(dropout between) -> dropout -> linear decoder over the vocabulary; the
+embedding and decoder start uniform in [-0.1, 0.1].
 """
 from __future__ import annotations
 
