@@ -6,8 +6,9 @@ the next step (every tensor has then been observed ``warmup`` times) the
 planner picks a store per tensor within the budget, and every residual held
 in fp32 moves into its planned store, so no error feedback is lost at the
 switch. Tensors first seen after the switch get no error feedback (they
-were not in the budget). The plan and the warm-up statistics are part of
-:meth:`PlannedMemory.state_dict`, so a resumed run keeps the same plan.
+were not in the budget). The warm-up statistics (before the switch) or the
+plan (after it) are part of :meth:`PlannedMemory.state_dict`, so a resumed
+run keeps the same plan.
 """
 from __future__ import annotations
 
@@ -91,6 +92,7 @@ class PlannedMemory(Memory):
     def _switch(self, like: Any) -> None:
         """Plan, then move every fp32 residual into its planned store."""
         self.plan = self.make_plan()
+        self.warmup.stats = {}  # the plan holds what is needed from here on
         ops = backend(like)
         residuals = {name: self._get(ops, name, Fp32(), like) for name in [*self._state, *self._loaded]}
         self._state.clear()
@@ -102,12 +104,13 @@ class PlannedMemory(Memory):
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state["warmup"] = self.warmup.state_dict()
-        if self.plan is not None:
+        if self.plan is None:
+            state["warmup"] = self.warmup.state_dict()
+        else:
             state["plan"] = np.asarray(self.plan.to_json())
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
-        self.warmup.load_state_dict(state["warmup"])
+        self.warmup.load_state_dict(state.get("warmup", {}))
         self.plan = Plan.from_dict(json.loads(str(state["plan"]))) if "plan" in state else None

@@ -36,7 +36,7 @@ from hvdsketch.memory.stores import Store, numel
 from hvdsketch.ops import backend
 
 #: Coordinates per tensor at which losses are accumulated.
-SAMPLE = 1 << 16
+SAMPLE = 1 << 14
 
 
 def sample_of(name: str, n: int) -> np.ndarray:
@@ -54,7 +54,7 @@ class TensorStats:
     shape: tuple[int, ...]
     #: ``||e_t||^2`` of each observed step (all coordinates).
     energies: list[float] = field(default_factory=list)
-    #: ``e_t`` at the sampled coordinates, each step.
+    #: ``e_t`` at the sampled coordinates, each step (float32).
     samples: list[np.ndarray] = field(default_factory=list)
     #: candidate flag -> ``sum_t l_t`` at the sampled coordinates.
     lost: dict[str, np.ndarray] = field(default_factory=dict)
@@ -75,7 +75,7 @@ class TensorStats:
 
     def energy(self) -> float:
         """What no error feedback would lose: ``||sum_t e_t||^2 / T``."""
-        return self.drift(np.sum(self.samples, axis=0)) if self.samples else 0.0
+        return self.drift(np.sum(self.samples, axis=0, dtype=np.float64)) if self.samples else 0.0
 
     def lost_energy(self, store: Store) -> float:
         """What ``store`` loses: ``||sum_t (e_t - Q(e_t))||^2 / T``."""
@@ -84,7 +84,7 @@ class TensorStats:
     def lost_unless(self, kept: Iterable[bool]) -> float:
         """What is lost when only the steps marked ``kept`` keep their residual (``shared``)."""
         dropped = [s for s, k in zip(self.samples, kept) if not k]
-        return self.drift(np.sum(dropped, axis=0)) if dropped else 0.0
+        return self.drift(np.sum(dropped, axis=0, dtype=np.float64)) if dropped else 0.0
 
     def to_arrays(self) -> dict[str, Any]:
         return {"shape": np.asarray(self.shape, dtype=np.int64), "energies": np.asarray(self.energies),
@@ -120,7 +120,7 @@ class Warmup:
             return ops.to_numpy(ops.cast(ops.gather(ops.flatten(x), index), "float64"))
 
         stats.energies.append(ops.sqnorm(residual))
-        stats.samples.append(sampled(residual))
+        stats.samples.append(sampled(residual).astype(np.float32))
         for store in self.candidates:
             if not store.keeps:
                 continue

@@ -220,7 +220,7 @@ def _only_numpy(tree) -> bool:
 
 
 @pytest.mark.parametrize("flag", ["fp32", "fp16", "bf16", "topk:ratio=0.2", "sketch:ratio=0.2,rows=3", "shared",
-                                  "offload", "plan:budget=0.3,warmup=2"])
+                                  "offload", "plan:budget=0.3,warmup=2", "plan:budget=0.3,warmup=5"])
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
 def test_resume_from_state_dict_continues_bit_for_bit(flag, kind):
     rng = np.random.default_rng(11)
