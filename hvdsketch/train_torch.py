@@ -36,13 +36,8 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
 
     from hvdsketch.torch import DistributedOptimizer
 
-    memory = None
-    if config.memory:
-        from hvdsketch.memory import create as create_memory
-
-        memory = create_memory(config.memory)
     optimizer = DistributedOptimizer(base, model.named_parameters(), compression=config.compression,
-                                     memory=memory)
+                                     memory=config.memory)
 
     def report() -> tuple[int, int]:
         r = optimizer.report()

@@ -23,6 +23,7 @@ import torch
 from hvdsketch import spec
 from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
+from hvdsketch.memory import Memory
 from hvdsketch.exchange import exchange_all, verify_agreement
 from hvdsketch.ops import torch as torch_ops
 
@@ -70,6 +71,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         return super(self.__class__, self).step(closure)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state plus hvdsketch's: the step (it seeds the hashes) and the
+        residual memory, so a resumed run continues exactly as the uninterrupted one."""
+        state = super(self.__class__, self).state_dict()
+        state["hvdsketch"] = {"step": self._step_count,
+                              "memory": None if self._memory is None else self._memory.state_dict()}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        ours = state_dict.pop("hvdsketch", None)
+        super(self.__class__, self).load_state_dict(state_dict)
+        if ours is not None:
+            self._step_count = ours["step"]
+            if self._memory is not None and ours["memory"] is not None:
+                self._memory.load_state_dict(ours["memory"])
+
     def report(self) -> dict[str, Any]:
         """Bytes this rank sent (per collective and in total) against dense ring allreduce."""
         from hvdsketch.collectives.stats import ring_allreduce_bytes
@@ -97,7 +115,7 @@ def _as_torch(averaged: Any) -> torch.Tensor:
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
                          compression: "str | Compressor | None" = None,
-                         memory: Any = None) -> torch.optim.Optimizer:
+                         memory: "str | Memory | None" = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` first averages gradients across Horovod ranks.
 
     Args:
@@ -105,10 +123,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         named_parameters: ``model.named_parameters()``; names seed the hashes and label reports.
         compression: a flag such as ``"sketch:error=0.5"`` or a compressor; falls back to
             ``--compression`` / ``HVDSKETCH_COMPRESSION`` resolution, then ``"none"``.
-        memory: a residual memory (error feedback) or ``None``.
+        memory: error feedback: a ``--memory`` flag (``"fp32"``, ``"plan:budget=0.25"``) or a
+            :class:`hvdsketch.memory.Memory`; ``None`` for none. Its residuals are part of
+            :meth:`state_dict`.
     """
     import horovod.torch as hvd
 
+    from hvdsketch.memory import create as create_memory
+
+    memory = None if memory is None else create_memory(memory)
     compressor = create(compression if isinstance(compression, Compressor) else spec.resolve(compression))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     named = list(named_parameters) if named_parameters is not None else None
