@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds, sparse
 from hvdsketch.compress.base import Compressor, Exchange, Message, ResidualMemory, TensorContext
-from hvdsketch.compress.state import LocalResidual, private_state
+from hvdsketch.compress.state import LocalResidual, private_state, require_eager
 from hvdsketch.ops import backend
 
 
@@ -62,8 +62,9 @@ class DeepGradientCompression(Compressor):
             raise ValueError(f"clip must be > 0 or none, got {self.clip}")
 
     def exchange(self, tensor: Any, ctx: TensorContext, memory: ResidualMemory | None = None) -> Exchange:
-        memory = self._accumulated if memory is None else memory
         ops = backend(tensor)
+        require_eager(ops, tensor, self.name)
+        memory = self._accumulated if memory is None else memory
         u = self._clipped(ops, tensor, ctx.world_size)
         if self.momentum and ctx.name in self._velocity:
             u = self.momentum * self._velocity[ctx.name] + u

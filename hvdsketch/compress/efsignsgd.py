@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress.base import Compressor, Exchange, Message, ResidualMemory, TensorContext
 from hvdsketch.compress.quantize import average_scaled
-from hvdsketch.compress.state import LocalResidual, private_state
+from hvdsketch.compress.state import LocalResidual, private_state, require_eager
 from hvdsketch.ops import backend
 
 
@@ -33,6 +33,8 @@ class EFSignSGD(Compressor):
     _residuals: LocalResidual = private_state(LocalResidual)
 
     def exchange(self, tensor: Any, ctx: TensorContext, memory: ResidualMemory | None = None) -> Exchange:
+        if memory is None:
+            require_eager(backend(tensor), tensor, self.name)
         return (yield from super().exchange(tensor, ctx, self._residuals if memory is None else memory))
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds
 from hvdsketch.compress.base import Compressor, Exchange, Message, ResidualMemory, TensorContext
-from hvdsketch.compress.state import LocalResidual, private_state
+from hvdsketch.compress.state import LocalResidual, private_state, require_eager
 from hvdsketch.ops import backend
 
 
@@ -54,6 +54,7 @@ class PowerSGD(Compressor):
     def exchange(self, tensor: Any, ctx: TensorContext, memory: ResidualMemory | None = None) -> Exchange:
         if self.matrix(ctx.shape) is None:
             return (yield from super().exchange(tensor, ctx, memory))
+        require_eager(backend(tensor), tensor, self.name)
         memory = self._residuals if memory is None else memory
         m = memory.compensate(ctx.name, tensor)
         messages, matrix = self.compress(m, ctx)

@@ -31,6 +31,8 @@ class RandomK(Compressor):
     In Horovod's drop-in path the name is only the shape and the step stays 0,
     so a per-name call counter, advanced alike on every rank as long as all
     ranks compress their tensors in the same order, changes ``S`` every call.
+    Inside ``tf.function`` name, step and counter are read when it is traced,
+    so ``S`` stays the same until it is traced again.
 
     Options (flag ``randomk:ratio=0.01``):
       ratio   fraction of coordinates sent, in (0, 1] (default 0.01)

@@ -9,12 +9,21 @@ its own state.
 from __future__ import annotations
 
 import dataclasses
+from types import ModuleType
 from typing import Any, Callable
 
 
 def private_state(factory: Callable[[], Any] = dict) -> Any:
     """A dataclass field holding per-tensor state, not an option."""
     return dataclasses.field(default_factory=factory, init=False, compare=False, repr=False)
+
+
+def require_eager(ops: ModuleType, tensor: Any, method: str) -> None:
+    """Raise ``ValueError`` if ``tensor`` is being traced into a graph (``tf.function``): state kept
+    in Python would be read and written once, at tracing, and never advance between steps."""
+    if ops.is_symbolic(tensor):
+        raise ValueError(f"hvdsketch: {method} keeps per-tensor state between steps in Python, which "
+                         f"tf.function would freeze at tracing; run the exchange eagerly (outside tf.function)")
 
 
 class LocalResidual:

@@ -258,3 +258,9 @@ def pack_bits(mask: Tensor) -> Tensor:
 def unpack_bits(bits: Tensor) -> Tensor:
     """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""
     return np.unpackbits(bits)
+
+
+def is_symbolic(x: Tensor) -> bool:
+    """True while a graph is being traced (``tf.function``): values do not exist yet and Python-side
+    state would be frozen at tracing. Never for NumPy."""
+    return False

@@ -262,3 +262,9 @@ def unpack_bits(bits: Tensor) -> Tensor:
     """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""
     shifted = tf.bitwise.right_shift(tf.cast(bits, tf.int32)[:, None], tf.range(7, -1, -1))
     return tf.cast(tf.reshape(tf.bitwise.bitwise_and(shifted, 1), [-1]), tf.uint8)
+
+
+def is_symbolic(x: Tensor) -> bool:
+    """True while a graph is being traced (``tf.function``): values do not exist yet and Python-side
+    state would be frozen at tracing."""
+    return not tf.executing_eagerly()
