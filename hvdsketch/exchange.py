@@ -9,6 +9,7 @@ so every rank raises the same error and none is left waiting.
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any, Sequence
 
 from hvdsketch.collectives import Communicator
@@ -34,6 +35,8 @@ def exchange_all(jobs: Sequence[tuple[Compressor, Any, TensorContext]],
     """Averaged results of every ``(compressor, tensor, ctx)``, in order, with error feedback
     from ``memory`` if given."""
     dense = create("none")
+    seconds = communicator.stats.seconds
+    clock = time.perf_counter()
     running = {}
     for i, (compressor, tensor, ctx) in enumerate(jobs):
         if isinstance(tensor, RowSparse) and (memory is not None or not compressor.row_sparse):
@@ -43,8 +46,10 @@ def exchange_all(jobs: Sequence[tuple[Compressor, Any, TensorContext]],
     pending = {i: next(gen) for i, gen in running.items()}
     results: list[Any] = [None] * len(jobs)
     while running:
+        clock = _lap(seconds, "compress", clock)
         order = list(running)
         reduced = communicator.reduce([m for i in order for m in pending[i]])
+        clock = _lap(seconds, "communicate", clock)
         offset = 0
         for i in order:
             count = len(pending[i])
@@ -55,7 +60,16 @@ def exchange_all(jobs: Sequence[tuple[Compressor, Any, TensorContext]],
             except StopIteration as done:
                 results[i] = done.value
                 del running[i], pending[i]
+        clock = _lap(seconds, "decompress", clock)
     return results
+
+
+def _lap(seconds: dict[str, float], phase: str, since: float) -> float:
+    """Add the time since ``since`` to ``phase``; the new start. (Phases of multi-round methods
+    are approximate: work between rounds counts as decompress.)"""
+    now = time.perf_counter()
+    seconds[phase] += now - since
+    return now
 
 
 def _finite(tensor: Any, ctx: TensorContext) -> Any:

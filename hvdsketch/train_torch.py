@@ -19,7 +19,8 @@ def _optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optim
 
 
 def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
-    """(optimizer, report) for the configured path; ``report()`` gives (bytes sent, dense bytes) so far."""
+    """(optimizer, report) for the configured path; ``report()`` gives bytes sent, dense bytes and
+    seconds per exchange phase so far."""
     base = _optimizer(config, model)
     if config.path == "horovod":
         from hvdsketch.torch import Compression
@@ -29,9 +30,10 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
                                              compression=compression)
         size = hvd.size()
 
-        def report() -> tuple[int, int]:
+        def report() -> dict[str, Any]:
             r = compression.report()
-            return ring_allreduce_bytes(r["bytes_sent"], size), ring_allreduce_bytes(r["bytes_dense"], size)
+            return {"sent": ring_allreduce_bytes(r["bytes_sent"], size),
+                    "dense": ring_allreduce_bytes(r["bytes_dense"], size), "seconds": {}}
         return optimizer, report
 
     from hvdsketch.torch import DistributedOptimizer
@@ -39,9 +41,9 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
     optimizer = DistributedOptimizer(base, model.named_parameters(), compression=config.compression,
                                      memory=config.memory)
 
-    def report() -> tuple[int, int]:
+    def report() -> dict[str, Any]:
         r = optimizer.report()
-        return r["bytes_sent"], r["bytes_dense_allreduce"]
+        return {"sent": r["bytes_sent"], "dense": r["bytes_dense_allreduce"], "seconds": r["seconds"]}
     return optimizer, report
 
 
@@ -86,10 +88,12 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
             validation.append(workload.evaluate(model))
             print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in validation[-1].items()), flush=True)
     wall = time.perf_counter() - start
-    sent, dense = report()
+    totals = report()
+    per_step = 1 / max(done, 1)
     return {"workload": str(workload), "compression": config.compression, "memory": config.memory,
             "path": config.path, "rank": rank, "size": size, "epochs": config.epochs, "steps": done,
-            "wall_s": wall, "step_s": step_time / max(done, 1), "exchange_s": exchange_time / max(done, 1),
-            "bytes_sent_per_step": sent / max(done, 1), "bytes_dense_per_step": dense / max(done, 1),
+            "wall_s": wall, "step_s": step_time * per_step, "exchange_s": exchange_time * per_step,
+            "phases_s": {k: v * per_step for k, v in totals["seconds"].items()},
+            "bytes_sent_per_step": totals["sent"] * per_step, "bytes_dense_per_step": totals["dense"] * per_step,
             "validation": validation, "config": dataclasses.asdict(config),
             "environment": environment()}

@@ -20,10 +20,12 @@ class Counter:
 
 
 class CommStats:
-    """Per-collective counters of one rank."""
+    """Per-collective counters of one rank, and seconds spent per phase of the exchange
+    (``compress`` / ``communicate`` / ``decompress``, as :func:`hvdsketch.exchange.exchange_all` times them)."""
 
     def __init__(self) -> None:
         self._by_collective: dict[str, Counter] = defaultdict(Counter)
+        self.seconds: dict[str, float] = defaultdict(float)
 
     def record(self, collective: str, sent: int, received: int) -> None:
         counter = self._by_collective[collective]
@@ -44,6 +46,7 @@ class CommStats:
 
     def reset(self) -> None:
         self._by_collective.clear()
+        self.seconds.clear()
 
 
 def ring_allreduce_bytes(nbytes: int, size: int) -> int:

@@ -96,6 +96,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         dense = ring_allreduce_bytes(self._bytes_dense, self._communicator.size)
         return {"compression": str(self._compressor), "steps": self._step_count, "bytes_sent": sent,
                 "bytes_dense_allreduce": dense, "ratio": dense / sent if sent else float("nan"),
+                "seconds": dict(self._communicator.stats.seconds),
                 "collectives": self._communicator.stats.snapshot()}
 
 
