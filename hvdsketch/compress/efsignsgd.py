@@ -18,8 +18,8 @@ class EFSignSGD(Compressor):
         p_t = g_t + e_t,   Δ_t = (||p_t||_1 / d) sign(p_t),   e_{t+1} = p_t - Δ_t
 
     The scale makes ``C`` a contraction, so with error feedback the method converges
-    at SGD's rate (their Sec. 4) where plain signSGD may not converge at all. Error feedback comes from the
-    residual memory passed to ``exchange``, or, when none is given, from the
+    at SGD's rate where plain signSGD may not converge at all. Error feedback comes
+    from the residual memory passed to ``exchange``, or, when none is given, from the
     compressor's own full-precision residual: it is part of the method. Signs
     travel as bits, 8 per byte (``sign(0)`` sent as +), the scale as one value of
     the tensor's dtype; both are allgathered and every rank averages all ranks'

@@ -53,11 +53,11 @@ class StochasticQuantizer(Compressor):
         size = self.bucket_size(n)
         buckets = ops.reshape(ops.pad(ops.flatten(tensor), -n % size), (-1, size))
         scales = self.scales(ops, buckets)
-        nonzero = scales + ops.cast(scales == 0, dtype)  # an all-zero bucket has only zero codes
-        x = abs(buckets) * (self.levels / nonzero)[:, None]
+        divisor = scales + ops.cast(scales == 0, dtype)  # 1 for all-zero buckets: their codes are 0
+        x = abs(buckets) * (self.levels / divisor)[:, None]
         low = ops.floor(x)
         u = ops.uniform(ops.shape(x), seeds.derive(self.seed, ctx.name, ctx.step, self.name), x)
-        level = ops.clip(low + ops.cast(u < x - low, dtype), high=self.levels)  # clip: rounding of x near s
+        level = ops.clip(low + ops.cast(u < x - low, dtype), high=self.levels)  # x may exceed s by rounding
         codes = ops.cast(ops.sign(buckets) * level, code_dtype(self.levels))
         return [Message(scales, "allgather"), Message(ops.flatten(codes), "allgather")], None
 
