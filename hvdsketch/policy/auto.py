@@ -1,0 +1,262 @@
+"""``auto``: pick each tensor's compressor from a cost model, measured on the run itself.
+
+No single compressor wins on a real model: an LSTM language model has a
+row-sparse input-embedding gradient (a sparse method's case), a dense output
+layer (a low-rank method's case) and small tensors (not worth compressing),
+and on a fast link compressing may cost more time than it saves. So:
+
+1. **Probe** (first step): the link's latency and bandwidth, by timed
+   allreduces (:mod:`hvdsketch.policy.probe`), unless ``bandwidth=`` and
+   ``latency=`` are given.
+2. **Warm up** (``warmup`` steps, exchanged dense): each rank measures each
+   gradient's element density (non-zero coordinates) and unit density
+   (non-zero rows or blocks, :func:`~hvdsketch.policy.cost.densities`), the
+   maximum over the steps.
+3. **Agree on the statistics**: one allreduce gives every rank the maximum
+   element density over ranks (what top-k must keep) and the sum of unit
+   densities (a bound on the union support a sketch must hold).
+4. **Candidates** per tensor, sized from those numbers with ``headroom``:
+   ``none``; ``fp16``; ``topk`` keeping the measured density (exact while the
+   gradient stays that sparse); ``sketch`` sized for the union bound at the
+   ``error`` target (when smaller than dense); ``powersgd`` at
+   ``powersgd_rank`` (matrices where it saves, if they are dense: a
+   low-rank approximation of a gradient with a few non-zero rows spreads its
+   error over every row, where top-k and the sketch are exact or confined to
+   the support). The cost model weighs time only, so every candidate is sized
+   to be accurate on its own terms. Random-k is left out: at the
+   density of a sparse gradient it drops most non-zeros (it does not know
+   where they are), and on dense ones it is top-k's worse sibling.
+5. **Measure** each candidate once on the real tensor of the deciding step
+   (:func:`~hvdsketch.policy.cost.measure`: compress, decompress, bytes on
+   the wire, extra collectives), take the maximum over ranks (the slowest
+   rank sets the pace), and price it with the link
+   (:mod:`hvdsketch.policy.cost`).
+6. **Decide on rank 0 and broadcast**: the cheapest candidate wins, but a
+   compressor must beat the dense allreduce by ``margin`` (a fraction of its
+   time), so on a fast link, where the model's terms are all small and noisy,
+   the dense path stays. Every rank then uses rank 0's choice.
+7. Rank 0 prints the assignment table; with ``replan=K`` the steps are
+   observed again and the decision remade every ``K`` steps.
+
+The statistics and decisions travel on a side channel of the communicator
+(their bytes are not counted as gradient bytes), and the decision is part
+of :meth:`AutoPolicy.state_dict`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+from hvdsketch import spec as _spec
+from hvdsketch.collectives import Communicator
+from hvdsketch.compress import Compressor, Message, TensorContext, create
+from hvdsketch.memory.stores import flag
+from hvdsketch.ops import backend
+from hvdsketch.policy.base import Policy, announce, side_channel
+from hvdsketch.policy.cost import (BLOCK, Link, Measurement, densities, measure, parse_bandwidth, parse_latency,
+                                   values_of)
+from hvdsketch.policy.probe import probe
+from hvdsketch.policy.table import Assignment
+
+#: Element density from which a tensor counts as dense: the low-rank candidate's domain.
+LOW_RANK_DENSITY = 0.5
+
+@dataclass(frozen=True)
+class AutoOptions:
+    """Options of the ``auto`` flag (``auto:bandwidth=1gbit,warmup=5``).
+
+      bandwidth      link bandwidth per rank (``1gbit``, ``100mbit``); default: probed
+      latency        seconds one collective costs (``50us``, ``1ms``); default: probed
+      warmup         dense steps observed before deciding (default 5)
+      replan         decide again every this many steps, from the steps just before (default 0: never)
+      powersgd_rank  rank of the PowerSGD candidate (default 4)
+      error          relative L2 error target of the sketch candidate (default 0.5)
+      headroom       factor on measured densities when sizing top-k and the sketch (default 1.25)
+      margin         a compressor must be this fraction faster than dense to be chosen (default 0.1)
+    """
+
+    name: ClassVar[str] = "auto"
+
+    bandwidth: str | None = None
+    latency: str | None = None
+    warmup: int = 5
+    replan: int = 0
+    powersgd_rank: int = 4
+    error: float = 0.5
+    headroom: float = 1.25
+    margin: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.bandwidth is not None:
+            parse_bandwidth(self.bandwidth)
+        if self.latency is not None:
+            parse_latency(self.latency)
+        if self.warmup < 1:
+            raise ValueError(f"warmup must be >= 1, got {self.warmup}")
+        if self.replan < 0 or 0 < self.replan <= self.warmup:
+            raise ValueError(f"replan must be 0 (never) or more than warmup ({self.warmup}), got {self.replan}")
+        if self.powersgd_rank < 1:
+            raise ValueError(f"powersgd_rank must be >= 1, got {self.powersgd_rank}")
+        if not self.error > 0:
+            raise ValueError(f"error must be > 0, got {self.error}")
+        if self.headroom < 1:
+            raise ValueError(f"headroom must be >= 1, got {self.headroom}")
+        if not 0 <= self.margin < 1:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
+
+    def __str__(self) -> str:
+        return flag(self)
+
+
+def parse(text: "str | _spec.Spec") -> AutoOptions:
+    """The options of an ``auto[:key=value,...]`` flag; raises :class:`hvdsketch.spec.SpecError`."""
+    return _spec.build(text, {AutoOptions.name: AutoOptions}, kind="policy")
+
+
+class AutoPolicy(Policy):
+    """The ``auto`` policy (see the module's docstring)."""
+
+    def __init__(self, options: "AutoOptions | str" = AutoOptions()) -> None:
+        self.options = parse(options) if isinstance(options, str) else options
+        self._calls = 0
+        self._plan_at: int | None = self.options.warmup  # the call that decides next
+        self._link: Link | None = None
+        self._side: Communicator | None = None
+        self._window: dict[str, tuple[float, float]] = {}  # name -> max (element, unit) density
+        self._decision: dict[str, Compressor] = {}
+        self._table: list[Assignment] | None = None
+        self._instances: dict[str, Compressor] = {}
+
+    def __str__(self) -> str:
+        return str(self.options)
+
+    @property
+    def pending(self) -> bool:
+        return self._table is None
+
+    @property
+    def assignment(self) -> list[Assignment] | None:
+        return self._table
+
+    @property
+    def link(self) -> Link | None:
+        """The link the cost model prices with (probed or given), once known."""
+        return self._link
+
+    def select(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], communicator: Communicator,
+               settle: bool = False) -> list[Compressor]:
+        from hvdsketch.exchange import is_passthrough
+
+        index, self._calls = self._calls, self._calls + 1
+        live = [i for i, t in enumerate(tensors) if not is_passthrough(t)]
+        if live:
+            if self._side is None:
+                self._side = side_channel(communicator)
+            if self._link is None:
+                self._link = self._given_or_probed(values_of(tensors[live[0]]))
+            due = self._plan_at is not None and index >= self._plan_at - self.options.warmup
+            if due or (settle and self.pending):
+                self._observe([tensors[i] for i in live], [contexts[i] for i in live])
+            if index == self._plan_at or (settle and self.pending):
+                self._decide([tensors[i] for i in live], [contexts[i] for i in live])
+                self._plan_at = index + self.options.replan if self.options.replan else None
+        none = self._instance("none")
+        return [self._decision.get(ctx.name, none) for ctx in contexts]
+
+    # -- steps of the decision --------------------------------------------------------------------
+
+    def _given_or_probed(self, like: Any) -> Link:
+        given = self.options
+        if given.bandwidth is not None and given.latency is not None:
+            return Link(parse_latency(given.latency), parse_bandwidth(given.bandwidth))
+        probed = probe(self._side, like)
+        return Link(parse_latency(given.latency) if given.latency else probed.latency,
+                    parse_bandwidth(given.bandwidth) if given.bandwidth else probed.bandwidth)
+
+    def _observe(self, tensors: Sequence[Any], contexts: Sequence[TensorContext]) -> None:
+        for tensor, ctx in zip(tensors, contexts):
+            element, unit = densities(tensor, ctx.shape, BLOCK)
+            seen = self._window.get(ctx.name, (0.0, 0.0))
+            self._window[ctx.name] = (max(seen[0], element), max(seen[1], unit))
+
+    def candidates(self, shape: Sequence[int], dtype: str, element: float, union: float) -> list[Compressor]:
+        """The compressors worth measuring for a tensor of ``shape`` whose ranks keep at most an
+        ``element`` fraction non-zero and whose union support is at most a ``union`` fraction of units."""
+        numel = math.prod(shape)
+        found = [self._instance("none")]
+        if dtype in ("float32", "float64"):
+            found.append(self._instance("fp16"))
+        ratio = _round_up(max(element * self.options.headroom, 1 / numel))
+        if ratio < 1:
+            found.append(self._instance(f"topk:ratio={ratio}"))
+        units = math.ceil(numel / BLOCK) if len(shape) < 2 else shape[0]
+        density = _round_up(min(1.0, max(union * self.options.headroom, 1 / units)))
+        sketch = self._instance(f"sketch:density={density},error={self.options.error}")
+        if sketch.plan(shape) is not None:
+            found.append(sketch)
+        powersgd = self._instance(f"powersgd:rank={self.options.powersgd_rank}")
+        if element >= LOW_RANK_DENSITY and powersgd.matrix(shape) is not None:
+            found.append(powersgd)
+        return found
+
+    def _decide(self, tensors: Sequence[Any], contexts: Sequence[TensorContext]) -> None:
+        side, link = self._side, self._link
+        ops = backend(values_of(tensors[0]))
+        stats = [self._window.get(ctx.name, (1.0, 1.0)) for ctx in contexts]
+        element, unit = side.reduce([Message(ops.constant([s[0] for s in stats], "float64"), "max"),
+                                     Message(ops.constant([s[1] for s in stats], "float64"), "average")])
+        element, union = ops.to_numpy(element), ops.to_numpy(unit) * side.size
+        options = [self.candidates(ctx.shape, ops.dtype_name(values_of(t)), float(e), float(u))
+                   for t, ctx, e, u in zip(tensors, contexts, element, union)]
+        local = [[measure(c, t, ctx) for c in cands] for t, ctx, cands in zip(tensors, contexts, options)]
+        flat = [link.latency, 1 / link.bandwidth] + [x for ms in local for m in ms for x in (m.compute, m.wire)]
+        (worst,) = side.reduce([Message(ops.constant(flat, "float64"), "max")])
+        worst = [float(x) for x in ops.to_numpy(worst)]
+        self._link = link = Link(worst[0], 1 / worst[1] if worst[1] else math.inf)
+        pairs = iter(zip(worst[2::2], worst[3::2]))
+        measured = [[Measurement(c, int(w), m.calls) for m, (c, w) in zip(ms, pairs)] for ms in local]
+        choice = [self.choose(ms, link) for ms in measured]
+        (gathered,) = side.reduce([Message(ops.constant(choice, "int64"), "allgather")])
+        choice = [int(x) for x in ops.to_numpy(gathered)[:len(choice)]]  # rank 0's
+        self._window = {}
+        self._decision = {ctx.name: cands[k] for ctx, cands, k in zip(contexts, options, choice)}
+        self._table = [Assignment(ctx.name, tuple(ctx.shape), float(e), str(cands[k]), ms[k].wire, ms[0].wire,
+                                  ms[k].seconds(link), ms[0].seconds(link))
+                       for ctx, e, cands, ms, k in zip(contexts, element, options, measured, choice)]
+        announce(self._table, f"hvdsketch auto: {side.size} ranks, link {link.bandwidth * 8 / 1e9:.3g} Gbit/s, "
+                              f"latency {link.latency * 1e3:.3g} ms (decided at step {self._calls - 1})", side)
+
+    def choose(self, measured: Sequence[Measurement], link: Link) -> int:
+        """The cheapest candidate (index into ``measured``; 0 is ``none``), if it beats dense by the margin."""
+        costs = [m.seconds(link) for m in measured]
+        best = min(range(len(costs)), key=costs.__getitem__)
+        return best if costs[best] < (1 - self.options.margin) * costs[0] else 0
+
+    def _instance(self, text: str) -> Compressor:
+        """One compressor object per flag, shared by the tensors that use it (state is per name)."""
+        if text not in self._instances:
+            self._instances[text] = create(text)
+        return self._instances[text]
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"calls": self._calls, "plan_at": self._plan_at,
+                "link": None if self._link is None else [self._link.latency, self._link.bandwidth],
+                "window": {k: list(v) for k, v in self._window.items()},
+                "decision": {name: str(c) for name, c in self._decision.items()},
+                "table": None if self._table is None else [row.to_dict() for row in self._table]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._calls, self._plan_at = state["calls"], state["plan_at"]
+        self._link = None if state["link"] is None else Link(*state["link"])
+        self._window = {k: tuple(v) for k, v in state["window"].items()}
+        self._decision = {name: self._instance(text) for name, text in state["decision"].items()}
+        self._table = (None if state["table"] is None else
+                       [Assignment(**{**row, "shape": tuple(row["shape"])}) for row in state["table"]])
+
+
+def _round_up(x: float, grid: float = 1e-4) -> float:
+    """``x`` rounded up to ``grid`` (a short flag that never undersizes), at most 1."""
+    return min(1.0, round(math.ceil(x / grid - 1e-9) * grid, 10))

@@ -1,0 +1,167 @@
+"""The cost model of a per-tensor choice: seconds on the wire plus seconds of compute.
+
+A compressor's exchange of one tensor costs one rank, per step::
+
+    t(c) = wire(c) / bandwidth  +  calls(c) * latency  +  compute(c)
+
+- ``wire(c)``: bytes this rank sends in the collectives of ``c``'s messages,
+  by each message's op (the formulas of :mod:`hvdsketch.collectives.stats` and
+  the Horovod communicator): an averaging (or max) allreduce of ``b`` bytes
+  sends ``2 (N-1)/N * b`` (ring, Patarasuk & Yuan 2009); an allgather, and
+  Horovod's bitwise OR, which is one, sends ``(N-1) * b`` of the local payload.
+- ``bandwidth``: bytes per second one rank moves while every rank moves data
+  at once (probed with a timed allreduce, :mod:`hvdsketch.policy.probe`, so a
+  link shared by all ranks is measured as it is shared).
+- ``calls(c)``: collectives ``c`` adds to the step beyond the one fused
+  allreduce of the tensors' own dtype that dense tensors ride in anyway: fp16
+  is a second dtype (one more fused allreduce), top-k two allgathers (index,
+  value), PowerSGD a second round. Counted per tensor, which overstates what
+  tensors sharing a call pay: the model errs towards fewer collectives.
+- ``compute(c)``: compress plus decompress, timed on the real tensor
+  (:func:`measure`), densifying a row-sparse gradient included where ``c``
+  needs it dense.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from hvdsketch.collectives.stats import ring_allreduce_bytes
+from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
+from hvdsketch.compress.base import run
+from hvdsketch.compress.sketch import Layout
+from hvdsketch.ops import backend
+from hvdsketch.spec import SpecError
+
+#: Bits per second of each unit of ``bandwidth=`` (tc's names, as ``launch/cluster.sh --rate``).
+BIT_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+#: Seconds of each unit of ``latency=``.
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+#: Elements per support unit of a vector in the density statistics (the sketch's default block).
+BLOCK = 256
+
+
+def _quantity(text: str, units: dict[str, float], what: str) -> float:
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*", text.lower())
+    if not match or match.group(2) not in units:
+        raise SpecError(f"{what} {text!r}: expected a number and a unit, one of {', '.join(units)} "
+                        f"(e.g. 1{next(iter(reversed(units)))})")
+    value = float(match.group(1)) * units[match.group(2)]
+    if not value > 0:
+        raise SpecError(f"{what} {text!r} must be > 0")
+    return value
+
+
+def parse_bandwidth(text: str) -> float:
+    """Bytes per second of ``"1gbit"``, ``"100mbit"``, ...; raises :class:`SpecError`."""
+    return _quantity(text, BIT_UNITS, "bandwidth") / 8
+
+
+def parse_latency(text: str) -> float:
+    """Seconds of ``"50us"``, ``"1ms"``, ...; raises :class:`SpecError`."""
+    return _quantity(text, TIME_UNITS, "latency")
+
+
+@dataclass(frozen=True)
+class Link:
+    """What one collective costs a rank: ``latency`` seconds plus bytes over ``bandwidth`` (bytes/s)."""
+
+    latency: float
+    bandwidth: float
+
+    def seconds(self, wire: float, calls: int = 0) -> float:
+        return wire / self.bandwidth + calls * self.latency
+
+
+def wire_bytes(op: str, nbytes: int, size: int) -> int:
+    """Bytes one rank sends to reduce a message of ``nbytes`` by ``op`` over ``size`` ranks."""
+    if op in ("average", "max"):
+        return ring_allreduce_bytes(nbytes, size)
+    return (size - 1) * nbytes  # allgather, and bor (an allgather folded with OR in Horovod)
+
+
+def dense_bytes(shape: Sequence[int], itemsize: int, size: int) -> int:
+    """Bytes one rank sends to allreduce a dense tensor of ``shape``."""
+    return ring_allreduce_bytes(math.prod(shape) * itemsize, size)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One candidate on one tensor: the three terms of the cost model, bar the link."""
+
+    compute: float  # seconds of compress + decompress on this rank
+    wire: int       # bytes this rank sends per step
+    calls: int      # collectives beyond the fused allreduce of the tensor's dtype
+
+    def seconds(self, link: Link) -> float:
+        return link.seconds(self.wire, self.calls) + self.compute
+
+
+def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: int = 2) -> Measurement:
+    """Run ``compressor``'s whole exchange of ``tensor`` locally (each round's reduction over this
+    rank alone), the best of ``repeats`` timings (the first also pays one-off costs such as
+    allocations), and count the bytes its messages would put on the wire over ``ctx.world_size``
+    ranks. A fresh instance of the compressor runs, so its per-tensor state (PowerSGD's Q and
+    residual) is left untouched."""
+    from hvdsketch.exchange import prepared
+
+    rounds: list[list[Message]] = []
+
+    def local(messages: Sequence[Message]) -> list[Any]:
+        rounds.append(list(messages))
+        return [m.tensor for m in messages]
+
+    best = math.inf
+    for _ in range(repeats):
+        rounds.clear()
+        fresh = create(str(compressor))
+        start = time.perf_counter()
+        run(fresh, prepared(tensor, fresh), ctx, local)
+        best = min(best, time.perf_counter() - start)
+    size = ctx.world_size
+    wire = sum(wire_bytes(m.op, backend(m.tensor).nbytes(m.tensor), size) for r in rounds for m in r)
+    return Measurement(best, wire, _calls(rounds, values_of(tensor)))
+
+
+def values_of(tensor: Any) -> Any:
+    """The values of a dense or row-sparse gradient (what has a dtype and a device)."""
+    return tensor.values if isinstance(tensor, RowSparse) else tensor
+
+
+def _calls(rounds: Sequence[Sequence[Message]], tensor: Any) -> int:
+    """Collectives of the rounds beyond the fused allreduce of ``tensor``'s dtype in round one:
+    one per (op, dtype) of allreduced messages in a round (fused), one per allgather."""
+    def dtype(m: Message) -> str:
+        return backend(m.tensor).dtype_name(m.tensor)
+
+    calls = 0
+    for r in rounds:
+        calls += len({(m.op, dtype(m)) for m in r if m.op in ("average", "max")})
+        calls += sum(1 for m in r if m.op not in ("average", "max"))
+    own = backend(tensor).dtype_name(tensor)
+    shared = bool(rounds) and any(m.op == "average" and dtype(m) == own for m in rounds[0])
+    return calls - shared
+
+
+def densities(tensor: Any, shape: Sequence[int], block: int) -> tuple[float, float]:
+    """This rank's ``(element density, unit density)`` of a gradient: the fraction of its
+    coordinates that are non-zero (what top-k must keep to be exact) and of its support units,
+    rows or ``block``-element blocks (what the sketch's bitmap marks, :class:`Layout`). A
+    row-sparse gradient counts its distinct rows, taken as fully non-zero."""
+    layout = Layout.of(shape, block)
+    if layout.numel == 0:
+        return 0.0, 0.0
+    if isinstance(tensor, RowSparse):
+        ops = backend(tensor.values)
+        rows = ops.shape(ops.coalesce_rows(tensor.indices, tensor.values)[0])[0]
+        return rows * layout.unit_len / layout.numel, rows / layout.units
+    ops = backend(tensor)
+    flat = ops.flatten(tensor)
+    signs = ops.sign(flat)
+    elements = float(ops.to_numpy(ops.reduce_sum(signs * signs)))
+    padded = ops.pad(flat, layout.units * layout.unit_len - layout.numel)
+    units = ops.shape(ops.nonzero_rows(ops.reshape(padded, (layout.units, layout.unit_len))))[0]
+    return elements / layout.numel, units / layout.units

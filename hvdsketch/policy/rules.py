@@ -1,0 +1,171 @@
+"""Explicit rules: match tensors by name, shape or size and give each a compressor; first match wins.
+
+In a YAML config::
+
+    compression:
+      rules:
+        - {name: "embedding.*", compression: "sketch:density=0.1"}
+        - {ndim: 2, min_size: 100000, compression: "powersgd:rank=4"}
+      default: none            # or auto:bandwidth=1gbit, which decides the unmatched tensors
+
+or in Python, ``compression=[Rule("embedding.*", "topk:ratio=0.05"), ...]`` or
+``Rules([...], default="auto")``. Names match with :mod:`fnmatch` patterns
+(``*``, ``?``, ``[seq]``), so ``"lstm.weight_*"`` or ``"*bias"``; a rule with
+several conditions needs them all. Compressor flags are validated when the
+rules are made, so a typo fails at start with the valid choices.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from hvdsketch.collectives import Communicator
+from hvdsketch.compress import Compressor, TensorContext, create
+from hvdsketch.exchange import is_passthrough
+from hvdsketch.policy.base import Policy, announce
+from hvdsketch.policy.cost import BLOCK, densities, measure
+from hvdsketch.policy.table import Assignment
+from hvdsketch.spec import SpecError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Tensors matching every condition given get ``compression``.
+
+      compression  the compressor flag, e.g. ``sketch:density=0.05`` (required)
+      name         fnmatch pattern on the tensor's name (default ``*``: any)
+      ndim         number of dimensions
+      shape        the exact shape, e.g. ``[10000, 256]``
+      min_size     at least this many elements
+      max_size     at most this many elements
+    """
+
+    compression: str
+    name: str = "*"
+    ndim: int | None = None
+    shape: tuple[int, ...] | None = None
+    min_size: int | None = None
+    max_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError(f"rule name must be a non-empty fnmatch pattern, got {self.name!r}")
+        for option in ("ndim", "min_size", "max_size"):
+            value = getattr(self, option)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise SpecError(f"rule {option} must be a non-negative integer, got {value!r}")
+        if self.shape is not None:
+            if isinstance(self.shape, str) or not all(isinstance(d, int) and d >= 0 for d in self.shape):
+                raise SpecError(f"rule shape must be a list of non-negative integers, got {self.shape!r}")
+            object.__setattr__(self, "shape", tuple(self.shape))
+        if not isinstance(self.compression, str):
+            raise SpecError(f"rule compression must be a compressor flag, got {self.compression!r}")
+        create(self.compression)  # fail now, naming the valid choices
+
+    @classmethod
+    def from_mapping(cls, raw: Any) -> "Rule":
+        """A rule from a YAML mapping; :class:`SpecError` for unknown or missing keys."""
+        valid = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"a rule must be a mapping with keys {', '.join(valid)}, got {raw!r}")
+        unknown = sorted(set(raw) - set(valid))
+        if unknown:
+            raise SpecError(f"unknown rule key(s) {', '.join(map(str, unknown))}; valid: {', '.join(valid)}")
+        if "compression" not in raw:
+            raise SpecError(f"rule {dict(raw)} needs a compression, e.g. compression: sketch")
+        return cls(**raw)
+
+    def matches(self, name: str, shape: Sequence[int]) -> bool:
+        numel = math.prod(shape)
+        return (fnmatch.fnmatchcase(name, self.name)
+                and (self.ndim is None or len(shape) == self.ndim)
+                and (self.shape is None or tuple(shape) == self.shape)
+                and (self.min_size is None or numel >= self.min_size)
+                and (self.max_size is None or numel <= self.max_size))
+
+    def __str__(self) -> str:
+        conditions = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                              if f.name != "compression" and getattr(self, f.name) != f.default)
+        return f"{conditions or 'name=*'}->{self.compression}"
+
+
+class Rules(Policy):
+    """Each tensor gets the compressor of the first rule it matches, else ``default`` (a compressor
+    flag, or a policy such as ``auto``, which then decides the unmatched tensors)."""
+
+    def __init__(self, rules: Sequence["Rule | Mapping[str, Any]"], default: "str | Compressor | Policy" = "none"):
+        from hvdsketch.policy import create as create_policy
+
+        if isinstance(rules, (str, Mapping)) or not isinstance(rules, Sequence):
+            raise SpecError(f"rules must be a list of rules, got {rules!r}")
+        self.rules = [r if isinstance(r, Rule) else Rule.from_mapping(r) for r in rules]
+        self.default = create_policy(default)
+        self._compressors = {r.compression: create(r.compression) for r in self.rules}
+        self._matched: dict[str, int | None] = {}  # name -> index of its rule, None: the default's
+        self._order: dict[str, int] = {}  # name -> row of the table
+        self._table: list[Assignment] | None = None
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> "Rules":
+        """From ``{rules: [...], default: ...}``; :class:`SpecError` for unknown keys."""
+        unknown = sorted(set(raw) - {"rules", "default"})
+        if unknown:
+            raise SpecError(f"unknown compression key(s) {', '.join(map(str, unknown))}; valid: default, rules")
+        if "rules" not in raw:
+            raise SpecError("a compression mapping needs rules: [...] (and optionally default:)")
+        return cls(raw["rules"] or [], raw.get("default", "none"))
+
+    def __str__(self) -> str:
+        return f"rules[{'; '.join(map(str, self.rules))}; default={self.default}]"
+
+    @property
+    def pending(self) -> bool:
+        return self._table is None or self.default.pending
+
+    @property
+    def assignment(self) -> list[Assignment] | None:
+        if self._table is None:
+            return None
+        return sorted(self._table + (self.default.assignment or []), key=lambda row: self._order[row.tensor])
+
+    def rule_for(self, name: str, shape: Sequence[int]) -> Rule | None:
+        """The first rule matching a tensor, or ``None`` (the default applies)."""
+        return next((r for r in self.rules if r.matches(name, shape)), None)
+
+    def select(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], communicator: Communicator,
+               settle: bool = False) -> list[Compressor]:
+        for ctx in contexts:
+            if ctx.name not in self._matched:
+                rule = self.rule_for(ctx.name, ctx.shape)
+                self._matched[ctx.name] = None if rule is None else self.rules.index(rule)
+        out: list[Compressor | None] = [
+            None if self._matched[ctx.name] is None else self._compressors[self.rules[self._matched[ctx.name]].compression]
+            for ctx in contexts]
+        rest = [i for i, c in enumerate(out) if c is None]
+        if rest:
+            chosen = self.default.select([tensors[i] for i in rest], [contexts[i] for i in rest], communicator,
+                                         settle)
+            for i, compressor in zip(rest, chosen):
+                out[i] = compressor
+        if self._table is None:
+            self._tabulate(tensors, contexts, out, communicator)
+        return out
+
+    def _tabulate(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], compressors: Sequence[Compressor],
+                  communicator: Communicator) -> None:
+        """The rows of the rule-matched tensors, measured on rank 0 (the rank that prints and records)."""
+        self._order = {ctx.name: i for i, ctx in enumerate(contexts)}
+        self._table = []
+        if communicator.rank != 0:
+            return
+        dense = create("none")
+        for tensor, ctx, compressor in zip(tensors, contexts, compressors):
+            if self._matched[ctx.name] is None or is_passthrough(tensor):
+                continue
+            self._table.append(Assignment(ctx.name, tuple(ctx.shape), densities(tensor, ctx.shape, BLOCK)[0],
+                                          str(compressor), measure(compressor, tensor, ctx, repeats=1).wire,
+                                          measure(dense, tensor, ctx, repeats=1).wire))
+        announce(self._table, f"hvdsketch rules: {communicator.size} ranks, default {self.default}", communicator)
