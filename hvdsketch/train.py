@@ -41,6 +41,7 @@ class TrainConfig:
     lr: float = 0.1
     momentum: float = 0.0
     clip: float | None = None
+    sparse_as_dense: bool = True  # path horovod: densify sparse gradients (False: Horovod allgathers them)
     out: str = "runs"
 
     @classmethod
@@ -68,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(overrides ${spec.ENV_VAR} and the config)")
     parser.add_argument("--memory", help="residual memory flag, e.g. fp32 or plan:budget=0.25")
     parser.add_argument("--path", choices=["hvdsketch", "horovod"], help="whose DistributedOptimizer")
+    parser.add_argument("--sparse-as-dense", choices=["true", "false"],
+                        help="path horovod: allreduce sparse gradients dense (true, default) or let Horovod "
+                             "allgather their indices and values (false; PyTorch only)")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--steps-per-epoch", type=int, help="cap the steps of each epoch (quick runs)")
     parser.add_argument("--out", help="folder for the JSON record (default runs/)")
@@ -76,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     config = TrainConfig.load(args.config, workload=args.workload, compression=args.compression,
                               memory=args.memory, path=args.path, epochs=args.epochs,
+                              sparse_as_dense=None if args.sparse_as_dense is None else args.sparse_as_dense == "true",
                               steps_per_epoch=args.steps_per_epoch, out=args.out)
     from hvdsketch.workloads import get
 

@@ -9,6 +9,7 @@ from typing import Any
 from tqdm import tqdm
 
 from hvdsketch.collectives.stats import ring_allreduce_bytes
+from hvdsketch.spec import SpecError
 from hvdsketch.train import TrainConfig, environment
 
 
@@ -27,6 +28,10 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
 
     if config.path == "horovod":
         from hvdsketch.tensorflow import Compression
+
+        if not config.sparse_as_dense:
+            raise SpecError("sparse_as_dense=false (Horovod's allgather of IndexedSlices) is not measured "
+                            "for TensorFlow workloads; use a PyTorch workload")
 
         compression = Compression.from_spec(config.compression)
 

@@ -1,0 +1,91 @@
+"""Markdown tables and matplotlib plots shared by the training benchmarks.
+
+A table is a list of column names and rows of already formatted cells;
+:func:`markdown` pads them into a GitHub table (numbers right-aligned).
+The plots take plain series, ``{label: [(x, y), ...]}``, so this module knows
+nothing about runs or workloads.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+Series = dict[str, list[tuple[float, float]]]
+
+
+def markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub markdown table; a column whose cells all read as numbers is right-aligned."""
+    if any(len(r) != len(headers) for r in rows):
+        raise ValueError(f"every row needs {len(headers)} cells")
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    right = [bool(rows) and all(_numeric(r[i]) for r in rows) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)) + " |"
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if r else ("-" * (w + 2)) for w, r in zip(widths, right)) + "|"
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+def _numeric(cell: str) -> bool:
+    text = cell.strip().rstrip("x%").replace(",", "")
+    if text in ("", "-"):
+        return True
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def number(value: float | None, digits: int = 3, suffix: str = "") -> str:
+    """``value`` with ``digits`` significant digits, ``-`` for a missing or non-finite one."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:.{digits}g}{suffix}"
+
+
+def _figure(title: str, xlabel: str, ylabel: str, log: str = ""):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel,
+           xscale="log" if "x" in log else "linear", yscale="log" if "y" in log else "linear")
+    ax.grid(True, which="both", alpha=0.3)
+    return fig, ax
+
+
+def _save(fig, ax, path: str) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def line_plot(series: Series, path: str, title: str, xlabel: str, ylabel: str, log: str = "") -> None:
+    """One line with markers per label; ``log`` names the log-scaled axes (``"x"``, ``"xy"``)."""
+    fig, ax = _figure(title, xlabel, ylabel, log)
+    for label, points in series.items():
+        if points:
+            xs, ys = zip(*sorted(points))
+            ax.plot(xs, ys, "-o", label=label, markersize=4)
+    _save(fig, ax, path)
+
+
+def bar_plot(groups: dict[str, dict[str, float]], path: str, title: str, ylabel: str, log: bool = False) -> None:
+    """Grouped bars: ``groups[group][label]`` (e.g. per cluster cell, bytes per compressor)."""
+    fig, ax = _figure(title, "", ylabel, "y" if log else "")
+    labels = list(dict.fromkeys(label for bars in groups.values() for label in bars))
+    width = 0.8 / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        xs = [g for g, bars in enumerate(groups.values()) if label in bars]
+        ys = [bars[label] for bars in groups.values() if label in bars]
+        ax.bar([x + (i - (len(labels) - 1) / 2) * width for x in xs], ys, width, label=label)
+    ax.set_xticks(range(len(groups)), list(groups), fontsize=8)
+    _save(fig, ax, path)
