@@ -30,6 +30,14 @@ def is_passthrough(tensor: Any) -> bool:
     return not ops.is_floating(tensor) or 0 in ops.shape(tensor)
 
 
+def prepared(tensor: Any, compressor: Compressor, memory: ResidualMemory | None = None) -> Any:
+    """The tensor as ``compressor`` takes it: a :class:`RowSparse` gradient densified unless the
+    compressor keeps it sparse and no residual memory (dense anyway) is in play."""
+    if isinstance(tensor, RowSparse) and (memory is not None or not compressor.row_sparse):
+        return tensor.to_dense()
+    return tensor
+
+
 def exchange_all(jobs: Sequence[tuple[Compressor, Any, TensorContext]],
                  communicator: Communicator, memory: ResidualMemory | None = None) -> list[Any]:
     """Averaged results of every ``(compressor, tensor, ctx)``, in order, with error feedback
@@ -39,8 +47,7 @@ def exchange_all(jobs: Sequence[tuple[Compressor, Any, TensorContext]],
     clock = time.perf_counter()
     running = {}
     for i, (compressor, tensor, ctx) in enumerate(jobs):
-        if isinstance(tensor, RowSparse) and (memory is not None or not compressor.row_sparse):
-            tensor = tensor.to_dense()  # residuals and most compressors are dense anyway
+        tensor = prepared(tensor, compressor, memory)
         running[i] = (dense.exchange(tensor, ctx) if is_passthrough(tensor)
                       else compressor.exchange(tensor, ctx, memory))
     pending = {i: next(gen) for i, gen in running.items()}

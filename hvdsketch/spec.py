@@ -105,10 +105,13 @@ def build(spec: "str | Spec", registry: Mapping[str, type], kind: str = "compres
 
 def resolve(argument: str | None = None, cli: str | None = None,
             config: Mapping[str, Any] | None = None, key: str = "compression",
-            env_var: str = ENV_VAR, default: str = "none") -> str:
+            env_var: str = ENV_VAR, default: str = "none") -> "str | Mapping[str, Any] | list":
     """The flag in force: Python argument, then ``--compression``, then the
-    environment, then the YAML config, then ``default``."""
+    environment, then the YAML config, then ``default``. A config may give a
+    mapping or list (per-tensor rules, :mod:`hvdsketch.policy`), returned as is."""
     for candidate in (argument, cli, os.environ.get(env_var), (config or {}).get(key)):
+        if isinstance(candidate, (Mapping, list)) and candidate:
+            return candidate
         if candidate is not None and str(candidate).strip():
             return str(candidate)
     return default
