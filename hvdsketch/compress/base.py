@@ -79,7 +79,13 @@ class Compressor(ABC):
         """
         if memory is not None:
             tensor = memory.compensate(ctx.name, tensor)
-        messages, state = self.compress(tensor, ctx)
+        return (yield from self.send(tensor, ctx, memory))
+
+    def send(self, tensor: Any, ctx: TensorContext, memory: "ResidualMemory | None" = None,
+             **options: Any) -> Exchange:
+        """The last round of :meth:`exchange`, for an already compensated ``tensor``; ``options``
+        go to :meth:`compress` (what earlier rounds agreed on)."""
+        messages, state = self.compress(tensor, ctx, **options)
         if memory is not None:
             memory.update(ctx.name, tensor, self.estimate(messages, state, ctx))
         reduced = yield messages

@@ -17,10 +17,14 @@ gradient, and the bitmaps, reduced in the same message (one float per unit,
 For one row the relative L2 error of the recovery is about
 ``sqrt(nnz / cols)`` (collisions add the energy of ``nnz / cols`` other
 coordinates to each cell), so the sketch is sized from an error target
-against a bound on the union's non-zeros: ``cols = density * n / error^2``.
-When sketch plus bitmap would not be smaller than the tensor, the tensor is
-sent dense; the choice depends only on the shape and the options, so every
-rank makes it alike.
+against a bound on the union's non-zeros: ``cols = nnz_bound / error^2``.
+The bound is agreed per step: one fused averaging allreduce of every rank's
+count of non-zero units (one number per tensor) gives their sum, which bounds
+the union; or, with the ``density`` option, it is fixed in advance as
+``density * units``, which keeps the exchange to a single allreduce (Horovod's
+drop-in path, ``tf.function``). When sketch plus bitmap would not be smaller
+than the tensor, the tensor is sent dense; both sizings use numbers every rank
+shares, so every rank makes the same choice.
 
 """
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
-from hvdsketch.compress.base import Compressor, Message, TensorContext
+from hvdsketch.compress.base import Compressor, Exchange, Message, TensorContext
 from hvdsketch.compress.hashing import HashFamily
 from hvdsketch.ops import backend
 
@@ -78,8 +82,12 @@ class Layout:
 
 @dataclass(frozen=True)
 class SketchPlan:
+    """A sketch of ``cols`` columns; ``packed``: the bitmap travels as bits with a bitwise OR,
+    otherwise as one float per unit inside the averaged message (Horovod's drop-in path)."""
+
     layout: Layout
     cols: int
+    packed: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,20 +96,21 @@ class SparseSketch(Compressor):
 
     Options (flag ``sketch:key=value,...``):
       rows     hash rows; recovery takes the median over rows (default 1)
-      error    target relative L2 error of the recovery, sizes cols = density*n/error^2
-      density  bound on the fraction of units non-zero in the union of all ranks
+      error    target relative L2 error of the recovery, sizes cols = nnz_bound/error^2
+      density  a fixed bound on the fraction of units non-zero in the union of all ranks;
+               unset (default), the ranks agree on the bound each step with one extra
+               tiny allreduce, so dense tensors go dense and sparse ones get a fitting sketch
       ratio    if set, size the sketch as this fraction of the tensor instead
       block    elements per support unit for vectors (default 256)
       seed     base hash seed, equal on every rank (default 0)
     """
 
     name: ClassVar[str] = "sketch"
-    drop_in: ClassVar[bool] = True
     row_sparse: ClassVar[bool] = True
 
     rows: int = 1
     error: float = 0.5
-    density: float = 0.05
+    density: float | None = None
     ratio: float | None = None
     block: int = 256
     seed: int = 0
@@ -111,68 +120,91 @@ class SparseSketch(Compressor):
             raise ValueError("rows must be >= 1")
         if not 0 < self.error:
             raise ValueError("error must be > 0")
-        if not 0 < self.density <= 1:
-            raise ValueError("density must be in (0, 1]")
+        if self.density is not None and not 0 <= self.density <= 1:
+            raise ValueError("density must be in [0, 1]")
         if self.ratio is not None and not 0 < self.ratio <= 1:
             raise ValueError("ratio must be in (0, 1]")
         if self.block < 1:
             raise ValueError("block must be >= 1")
 
-    def plan(self, shape: Sequence[int]) -> SketchPlan | None:
-        """The sketch for a tensor of ``shape``, or ``None`` when dense is no larger."""
+    @property
+    def drop_in(self) -> bool:  # type: ignore[override]
+        """One allreduce carries the exchange only when the sketch is sized in advance."""
+        return self.density is not None or self.ratio is not None
+
+    def exchange(self, tensor: Any, ctx: TensorContext, memory: Any = None) -> Exchange:
+        """With ``density`` unset: first agree on the union bound (the sum of every rank's count
+        of non-zero units), then send the sketch sized for it, or the dense tensor."""
+        if self.drop_in:
+            return (yield from super().exchange(tensor, ctx, memory))
+        if memory is not None:
+            tensor = memory.compensate(ctx.name, tensor)
+        layout = Layout.of(ctx.shape, self.block)
+        ops, support, _, _ = self._nonzeros(tensor, layout)
+        if ops.is_symbolic(support):
+            raise ValueError("hvdsketch: inside tf.function the sketch cannot agree on its size each step; "
+                             "give it a fixed bound, e.g. sketch:density=0.05")
+        (mean,) = yield [Message(ops.constant([ops.shape(support)[0]], "float64"), "average")]
+        bound = round(float(ops.to_numpy(mean)[0]) * ctx.world_size)
+        return (yield from self.send(tensor, ctx, memory, plan=self.plan(ctx.shape, min(bound, layout.units))))
+
+    def plan(self, shape: Sequence[int], units_bound: int | None = None) -> SketchPlan | None:
+        """The sketch for a tensor of ``shape`` whose union has at most ``units_bound`` non-zero
+        units (default: ``density`` of them), or ``None`` when dense is no larger."""
         layout = Layout.of(shape, self.block)
         if self.ratio is not None:
             cols = math.ceil(self.ratio * layout.numel / self.rows)
         else:
-            nnz_bound = math.ceil(self.density * layout.units) * layout.unit_len
-            cols = math.ceil(nnz_bound / self.error**2)
+            if units_bound is None:
+                if self.density is None:
+                    raise ValueError("the sketch's size is agreed per step; give density= to fix it in advance")
+                units_bound = math.ceil(self.density * layout.units)
+            cols = math.ceil(units_bound * layout.unit_len / self.error**2)
         cols = max(cols, 1)
         if layout.units + self.rows * cols >= layout.numel:
             return None
-        return SketchPlan(layout, cols)
+        return SketchPlan(layout, cols, packed=not self.drop_in)
 
     def hashes(self, plan: SketchPlan, ctx: TensorContext) -> HashFamily:
         return HashFamily.draw(self.rows, plan.cols, self.seed, ctx.name, ctx.step)
 
     # -- compress ---------------------------------------------------------
 
-    def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
+    @staticmethod
+    def _nonzeros(tensor: Any, layout: Layout) -> tuple[ModuleType, Any, Any, Any]:
+        """``(ops, support, coords, values)``: the non-zero units, their coordinates and values."""
         if isinstance(tensor, RowSparse):
-            return self._compress_rows(tensor, ctx)
+            ops = backend(tensor.values)
+            support, values = ops.coalesce_rows(tensor.indices, tensor.values)
+            return ops, support, layout.coordinates(ops, support), ops.flatten(values)
         ops = backend(tensor)
-        dtype = ops.dtype_name(tensor)
         flat = ops.flatten(tensor)
-        plan = self.plan(ctx.shape)
-        if plan is None:
-            body = [flat]
-        else:
-            layout = plan.layout
-            padded = ops.pad(flat, layout.units * layout.unit_len - layout.numel)
-            support = ops.nonzero_rows(ops.reshape(padded, (layout.units, layout.unit_len)))
-            coords = layout.coordinates(ops, support)
-            body = self._sketch(ops, plan, ctx, support, coords, ops.gather(flat, coords), dtype)
-        return [Message(ops.concat(body), "average")], (plan, False)
+        padded = ops.pad(flat, layout.units * layout.unit_len - layout.numel)
+        support = ops.nonzero_rows(ops.reshape(padded, (layout.units, layout.unit_len)))
+        coords = layout.coordinates(ops, support)
+        return ops, support, coords, ops.gather(flat, coords)
 
-    def _compress_rows(self, grad: RowSparse, ctx: TensorContext) -> tuple[list[Message], Any]:
-        ops = backend(grad.values)
-        dtype = ops.dtype_name(grad.values)
-        plan = self.plan(ctx.shape)
-        rows, values = ops.coalesce_rows(grad.indices, grad.values)
+    def compress(self, tensor: Any, ctx: TensorContext,
+                 plan: SketchPlan | None | str = "fixed") -> tuple[list[Message], Any]:
+        """Bitmap and sketch cells (or the dense tensor when ``plan`` is ``None``); ``plan`` defaults
+        to the one fixed by the options."""
+        plan = self.plan(ctx.shape) if plan == "fixed" else plan
+        layout = Layout.of(ctx.shape, self.block)
+        ops, support, coords, values = self._nonzeros(tensor, layout)
+        row_sparse = isinstance(tensor, RowSparse)
+        dtype = ops.dtype_name(values)
         if plan is None:
-            layout = Layout.of(ctx.shape, self.block)
-            body = [ops.scatter(layout.numel, layout.coordinates(ops, rows), ops.flatten(values))]
-        else:
-            coords = plan.layout.coordinates(ops, rows)
-            body = self._sketch(ops, plan, ctx, rows, coords, ops.flatten(values), dtype)
-        return [Message(ops.concat(body), "average")], (plan, True)
-
-    def _sketch(self, ops: ModuleType, plan: SketchPlan, ctx: TensorContext,
-                support: Any, coords: Any, values: Any, dtype: str) -> list[Any]:
+            dense = ops.scatter(layout.numel, coords, values) if row_sparse else ops.flatten(tensor)
+            return [Message(dense, "average")], (plan, row_sparse)
         hashes = self.hashes(plan, ctx)
-        cells = [ops.scatter_add(plan.cols, hashes.bucket(ops, j, coords),
-                                 hashes.sign(ops, j, coords, dtype) * values)
-                 for j in range(self.rows)]
-        return [ops.indicator(plan.layout.units, support, dtype), *cells]
+        cells = ops.concat([ops.scatter_add(plan.cols, hashes.bucket(ops, j, coords),
+                                            hashes.sign(ops, j, coords, dtype) * values)
+                            for j in range(self.rows)])
+        if plan.packed:
+            bits = ops.pack_bits(ops.indicator(layout.units, support, "uint8"))
+            return [Message(bits, "bor"), Message(cells, "average")], (plan, row_sparse)
+        bitmap = ops.indicator(layout.units, support, dtype)
+        return [Message(ops.concat([bitmap, cells]), "average")], (plan, row_sparse)
 
     # -- decompress -------------------------------------------------------
 
@@ -180,14 +212,18 @@ class SparseSketch(Compressor):
                    ctx: TensorContext) -> Any:
         """The averaged gradient on the union support; a :class:`RowSparse` one for row-sparse input."""
         plan, row_sparse = state
-        payload = reduced[0]
-        ops = backend(payload)
-        dtype = ops.dtype_name(payload)
+        ops = backend(reduced[-1])
+        dtype = ops.dtype_name(reduced[-1])
         if plan is None:
-            return ops.reshape(payload, ctx.shape)
+            return ops.reshape(reduced[0], ctx.shape)
         layout = plan.layout
-        bitmap, *cells = ops.split(payload, [layout.units] + [plan.cols] * self.rows)
-        support = ops.positive(bitmap)
+        if plan.packed:
+            bits, payload = reduced
+            support = ops.positive(ops.unpack_bits(bits)[:layout.units])
+        else:
+            bitmap, payload = ops.split(reduced[0], [layout.units, plan.cols * self.rows])
+            support = ops.positive(bitmap)
+        cells = ops.split(payload, [plan.cols] * self.rows)
         coords = layout.coordinates(ops, support)
         hashes = self.hashes(plan, ctx)
         estimates = ops.stack([hashes.sign(ops, j, coords, dtype) * ops.gather(cells[j], hashes.bucket(ops, j, coords))

@@ -148,3 +148,47 @@ def test_layout_covers_every_element_once():
         layout = Layout.of(shape, block)
         coords = layout.coordinates(np_ops, np.arange(layout.units))
         np.testing.assert_array_equal(np.sort(coords), np.arange(layout.numel))
+
+
+def reduce_across(per_rank):
+    """Reduce each rank's list of messages position by position, by the message's op."""
+    out = []
+    for messages in zip(*per_rank):
+        tensors = [m.tensor for m in messages]
+        out.append(np.bitwise_or.reduce(tensors) if messages[0].op == "bor" else np.mean(tensors, axis=0))
+    return out
+
+
+def test_agreed_sizing_sends_dense_tensors_dense_and_sparse_ones_sketched():
+    """Unset density: one extra averaging round of non-zero counts sizes the sketch (2 simulated ranks),
+    and the bitmap then travels packed, 8 units per byte, OR-reduced."""
+    sketch = create("sketch:error=0.5")
+    assert not sketch.drop_in
+    rng = np.random.default_rng(0)
+    dense = [rng.standard_normal((300, 50)).astype(np.float32) for _ in range(2)]
+    sparse = [sparse_rows(r, shape=(3000, 50), rows=10) for r in range(2)]
+    for tensors, expect_dense in ((dense, True), (sparse, False)):
+        ctx = TensorContext("w", tensors[0].shape, step=1, world_size=2)
+        gens = [sketch.exchange(t, ctx) for t in tensors]
+        counts = [next(g) for g in gens]
+        assert [float(m[0].tensor[0]) for m in counts] == [float(np.any(t != 0, axis=1).sum()) for t in tensors]
+        payloads = [g.send(reduce_across(counts)) for g in gens]
+        assert len({tuple(m.tensor.size for m in p) for p in payloads}) == 1  # both ranks sized alike
+        if expect_dense:
+            assert [m.tensor.size for m in payloads[0]] == [tensors[0].size]
+        else:
+            assert [m.op for m in payloads[0]] == ["bor", "average"]
+            assert payloads[0][0].tensor.size == 3000 // 8
+        reduced = reduce_across(payloads)
+        outs = []
+        for g in gens:
+            with pytest.raises(StopIteration) as done:
+                g.send(reduced)
+            outs.append(done.value.value)
+        truth = np.mean(tensors, axis=0)
+        if expect_dense:
+            np.testing.assert_allclose(outs[0], truth, rtol=1e-6)
+        else:
+            assert 0 < np.linalg.norm(outs[0] - truth) / np.linalg.norm(truth) < 1.5
+            assert np.all(outs[0][~np.any(truth != 0, axis=1)] == 0)
+        np.testing.assert_array_equal(outs[0], outs[1])

@@ -5,6 +5,7 @@ import torch
 
 from hvdsketch.compress import RowSparse, TensorContext, create
 from hvdsketch.collectives.horovod import HorovodCommunicator
+from hvdsketch.collectives.stats import ring_allreduce_bytes
 from hvdsketch.exchange import AgreementError, exchange_all, verify_agreement
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.torch import Compression, DistributedOptimizer
@@ -48,6 +49,22 @@ def test_exchange_all_row_sparse_matches_dense(hvd):
     assert isinstance(out, RowSparse)
     np.testing.assert_array_equal(out.to_dense().numpy(),
                                   cases.dense_average(hvd.size(), cases.EXACT_SHAPE, 3, True))
+
+
+def test_agreed_sizing_sends_dense_gradients_dense_and_sparse_ones_sketched(hvd):
+    """Without density=, ranks agree on each tensor's union bound: a dense gradient comes back as
+    Horovod's dense average exactly, a sparse one as a sketch recovery."""
+    comm = HorovodCommunicator(hvd)
+    dense = torch.from_numpy(np.random.default_rng(hvd.rank()).integers(-5, 6, (300, 40)).astype(np.float32))
+    sparse = torch.from_numpy(cases.row_sparse_gradient(hvd.rank(), cases.EXACT_SHAPE, 3, integer=True))
+    sketch = create("sketch:error=0.05,rows=3")
+    jobs = [(sketch, t, TensorContext(n, tuple(t.shape), 3, hvd.size())) for n, t in (("d", dense), ("s", sparse))]
+    out_dense, out_sparse = exchange_all(jobs, comm)
+    assert torch.equal(out_dense, hvd.allreduce(dense, op=hvd.Average, name="agreed.dense"))
+    np.testing.assert_array_equal(out_sparse.numpy(), cases.dense_average(hvd.size(), cases.EXACT_SHAPE, 3, True))
+    dense_bytes = ring_allreduce_bytes(dense.numel() * 4, hvd.size())
+    sparse_bytes = ring_allreduce_bytes(sparse.numel() * 4, hvd.size())
+    assert comm.stats.bytes_sent < dense_bytes + sparse_bytes / 2  # the sparse one was sketched
 
 
 def test_training_keeps_replicas_bit_identical(hvd):
