@@ -1,7 +1,7 @@
 """Horovod's collectives as a communicator, for either framework.
 
 ``average`` and ``max`` messages go through ``hvd.grouped_allreduce`` (one
-fused collective per op); ``allgather`` through ``hvd.allgather`` (sizes may
+fused collective per op and dtype); ``allgather`` through ``hvd.allgather`` (sizes may
 differ by rank); ``bor`` through an allgather folded with bitwise OR, since
 Horovod has no bitwise reduction.
 """
@@ -32,15 +32,18 @@ class HorovodCommunicator:
 
     def reduce(self, messages: Sequence[Message]) -> list[Any]:
         out: list[Any] = [None] * len(messages)
-        for op, hvd_op in (("average", self.hvd.Average), ("max", self.hvd.Max)):
-            picked = [i for i, m in enumerate(messages) if m.op == op]
-            if picked:
-                tensors = [messages[i].tensor for i in picked]
-                for i, result in zip(picked, self.hvd.grouped_allreduce(tensors, op=hvd_op)):
-                    out[i] = result
-                nbytes = sum(backend(t).nbytes(t) for t in tensors)
-                wire = ring_allreduce_bytes(nbytes, self.size)
-                self.stats.record(f"allreduce.{op}", wire, wire)
+        groups: dict[tuple[str, str], list[int]] = {}  # one grouped allreduce per op and dtype (TF needs one dtype)
+        for i, m in enumerate(messages):
+            if m.op in ("average", "max"):
+                groups.setdefault((m.op, backend(m.tensor).dtype_name(m.tensor)), []).append(i)
+        for (op, _), picked in groups.items():
+            tensors = [messages[i].tensor for i in picked]
+            hvd_op = self.hvd.Average if op == "average" else self.hvd.Max
+            for i, result in zip(picked, self.hvd.grouped_allreduce(tensors, op=hvd_op)):
+                out[i] = result
+            nbytes = sum(backend(t).nbytes(t) for t in tensors)
+            wire = ring_allreduce_bytes(nbytes, self.size)
+            self.stats.record(f"allreduce.{op}", wire, wire)
         for i, m in enumerate(messages):
             if m.op in ("allgather", "bor"):
                 ops = backend(m.tensor)

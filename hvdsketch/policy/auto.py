@@ -145,7 +145,7 @@ class AutoPolicy(Policy):
         return self._link
 
     def select(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], communicator: Communicator,
-               settle: bool = False) -> list[Compressor]:
+               traced: bool = False) -> list[Compressor]:
         from hvdsketch.exchange import is_passthrough
 
         index, self._calls = self._calls, self._calls + 1
@@ -156,10 +156,10 @@ class AutoPolicy(Policy):
             if self._link is None:
                 self._link = self._given_or_probed(values_of(tensors[live[0]]))
             due = self._plan_at is not None and index >= self._plan_at - self.options.warmup
-            if due or (settle and self.pending):
+            if due or (traced and self.pending):
                 self._observe([tensors[i] for i in live], [contexts[i] for i in live])
-            if index == self._plan_at or (settle and self.pending):
-                self._decide([tensors[i] for i in live], [contexts[i] for i in live])
+            if index == self._plan_at or (traced and self.pending):
+                self._decide([tensors[i] for i in live], [contexts[i] for i in live], traced)
                 self._plan_at = index + self.options.replan if self.options.replan else None
         none = self._instance("none")
         return [self._decision.get(ctx.name, none) for ctx in contexts]
@@ -180,9 +180,11 @@ class AutoPolicy(Policy):
             seen = self._window.get(ctx.name, (0.0, 0.0))
             self._window[ctx.name] = (max(seen[0], element), max(seen[1], unit))
 
-    def candidates(self, shape: Sequence[int], dtype: str, element: float, union: float) -> list[Compressor]:
+    def candidates(self, shape: Sequence[int], dtype: str, element: float, union: float,
+                   traced: bool = False) -> list[Compressor]:
         """The compressors worth measuring for a tensor of ``shape`` whose ranks keep at most an
-        ``element`` fraction non-zero and whose union support is at most a ``union`` fraction of units."""
+        ``element`` fraction non-zero and whose union support is at most a ``union`` fraction of units;
+        ``traced``: only those that work inside ``tf.function`` (not PowerSGD, whose state is Python's)."""
         numel = math.prod(shape)
         found = [self._instance("none")]
         if dtype in ("float32", "float64"):
@@ -196,18 +198,18 @@ class AutoPolicy(Policy):
         if sketch.plan(shape) is not None:
             found.append(sketch)
         powersgd = self._instance(f"powersgd:rank={self.options.powersgd_rank}")
-        if element >= LOW_RANK_DENSITY and powersgd.matrix(shape) is not None:
+        if not traced and element >= LOW_RANK_DENSITY and powersgd.matrix(shape) is not None:
             found.append(powersgd)
         return found
 
-    def _decide(self, tensors: Sequence[Any], contexts: Sequence[TensorContext]) -> None:
+    def _decide(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], traced: bool) -> None:
         side, link = self._side, self._link
         ops = backend(values_of(tensors[0]))
         stats = [self._window.get(ctx.name, (1.0, 1.0)) for ctx in contexts]
         element, unit = side.reduce([Message(ops.constant([s[0] for s in stats], "float64"), "max"),
                                      Message(ops.constant([s[1] for s in stats], "float64"), "average")])
         element, union = ops.to_numpy(element), ops.to_numpy(unit) * side.size
-        options = [self.candidates(ctx.shape, ops.dtype_name(values_of(t)), float(e), float(u))
+        options = [self.candidates(ctx.shape, ops.dtype_name(values_of(t)), float(e), float(u), traced)
                    for t, ctx, e, u in zip(tensors, contexts, element, union)]
         local = [[measure(c, t, ctx) for c in cands] for t, ctx, cands in zip(tensors, contexts, options)]
         flat = [link.latency, 1 / link.bandwidth] + [x for ms in local for m in ms for x in (m.compute, m.wire)]

@@ -11,7 +11,9 @@ Every rank calls ``select`` with the same names and shapes in the same order
 (the adapters verify it), so a policy may run collectives of its own inside it
 to agree on a decision. ``pending`` says whether ``select`` still needs to see
 real values: inside ``tf.function`` the tape then passes eager stand-ins with
-``settle=True``, and the decision made then is what the traced graph keeps.
+``traced=True``; the policy decides at once, choosing only compressors that
+work in a graph (no per-step state kept in Python), and the traced graph keeps
+that decision.
 """
 from __future__ import annotations
 
@@ -30,8 +32,9 @@ class Policy(ABC):
 
     @abstractmethod
     def select(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], communicator: Communicator,
-               settle: bool = False) -> list[Compressor]:
-        """The compressor of each tensor for this step; ``settle``: decide now, from these values."""
+               traced: bool = False) -> list[Compressor]:
+        """The compressor of each tensor for this step; ``traced``: for a graph being traced, decide
+        now, from these (stand-in) values."""
 
     @property
     def pending(self) -> bool:
@@ -58,7 +61,7 @@ class Fixed(Policy):
         self.compressor = compressor
 
     def select(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], communicator: Communicator,
-               settle: bool = False) -> list[Compressor]:
+               traced: bool = False) -> list[Compressor]:
         return [self.compressor] * len(tensors)
 
     def __str__(self) -> str:

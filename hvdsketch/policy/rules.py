@@ -136,7 +136,7 @@ class Rules(Policy):
         return next((r for r in self.rules if r.matches(name, shape)), None)
 
     def select(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], communicator: Communicator,
-               settle: bool = False) -> list[Compressor]:
+               traced: bool = False) -> list[Compressor]:
         for ctx in contexts:
             if ctx.name not in self._matched:
                 rule = self.rule_for(ctx.name, ctx.shape)
@@ -147,7 +147,7 @@ class Rules(Policy):
         rest = [i for i, c in enumerate(out) if c is None]
         if rest:
             chosen = self.default.select([tensors[i] for i in rest], [contexts[i] for i in rest], communicator,
-                                         settle)
+                                         traced)
             for i, compressor in zip(rest, chosen):
                 out[i] = compressor
         if self._table is None:

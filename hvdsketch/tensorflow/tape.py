@@ -63,12 +63,12 @@ class _DistributedGradientTape(tf.GradientTape):
         return tf.nest.pack_sequence_as(grads, flat_grads)
 
     def _select(self, grads: list[Any], contexts: list[TensorContext]) -> list[Compressor]:
-        """The policy's compressors; while tracing, a policy still deciding settles on eager stand-ins."""
+        """The policy's compressors; while tracing, a policy still deciding decides on eager stand-ins."""
         if not (self._policy.pending and grads and tf_ops.is_symbolic(values_of(grads[0]))):
             return self._policy.select(grads, contexts, self._communicator)
         with tf.init_scope():
             stand_ins = [_stand_in(g, ctx.shape) for g, ctx in zip(grads, contexts)]
-            return self._policy.select(stand_ins, contexts, self._communicator, settle=True)
+            return self._policy.select(stand_ins, contexts, self._communicator, traced=True)
 
 
 def _as_hvdsketch(grad: Any) -> Any:

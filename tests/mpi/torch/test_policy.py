@@ -56,7 +56,7 @@ class Scripted(Policy):
         self.warmup, self.calls = warmup, 0
         self.compressors = {name: create(flag) for name, flag in flags.items()}
 
-    def select(self, tensors, contexts, communicator, settle=False):
+    def select(self, tensors, contexts, communicator, traced=False):
         self.calls += 1
         if self.calls <= self.warmup:
             return [create("none")] * len(tensors)
