@@ -24,6 +24,7 @@ from typing import Any, Literal
 import yaml
 
 from hvdsketch import spec
+from hvdsketch.policy import label
 from hvdsketch.spec import SpecError
 
 
@@ -32,7 +33,7 @@ class TrainConfig:
     """The keys of a training YAML config."""
 
     workload: str
-    compression: str = "none"
+    compression: str | dict | list = "none"  # a flag, or per-tensor rules (hvdsketch.policy)
     memory: str | None = None
     path: Literal["hvdsketch", "horovod"] = "hvdsketch"
     epochs: int = 1
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         print_summary(record)
         out = Path(config.out)
         out.mkdir(parents=True, exist_ok=True)
-        name = f"{workload.name}-{spec.Spec.parse(config.compression).name}-np{record['size']}-{int(time.time())}.json"
+        name = f"{workload.name}-{label(config.compression)}-np{record['size']}-{int(time.time())}.json"
         (out / name).write_text(json.dumps(record, indent=2))
         print(f"record: {out / name}")
     return 0
@@ -105,7 +106,7 @@ def print_summary(record: dict[str, Any]) -> None:
     sent, dense = record["bytes_sent_per_step"], record["bytes_dense_per_step"]
     print(f"\n== {record['workload']} | {record['compression']} | {record['size']} ranks | "
           f"{record['path']} path")
-    exchange = ("inside tf.function" if record["exchange_s"] is None
+    exchange = ("not timed apart: tf.function or DDP" if record["exchange_s"] is None
                 else f"exchange {1000 * record['exchange_s']:.1f} ms")
     print(f"   epochs {record['epochs']}, steps {record['steps']}, wall {record['wall_s']:.1f} s, "
           f"step {1000 * record['step_s']:.1f} ms ({exchange})")

@@ -26,6 +26,7 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
                  else keras.optimizers.SGD(config.lr, momentum=config.momentum))
     hvd.broadcast_variables(model.variables, root_rank=0)
 
+    policy = None  # hvdsketch's path: the per-tensor policy, whose assignment the record keeps
     if config.path == "horovod":
         from hvdsketch.tensorflow import Compression
 
@@ -42,12 +43,14 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
             return (ring_allreduce_bytes(int(compression.bytes_sent.numpy()), size),
                     ring_allreduce_bytes(int(compression.bytes_dense.numpy()), size))
     else:
+        from hvdsketch.policy import create
         from hvdsketch.tensorflow import DistributedGradientTape
 
         traced = []  # the tapes made while tracing; the last one's counters hold one step's bytes
+        policy = create(config.compression)  # one for every trace: decided once, when first traced
 
         def wrap(tape):
-            traced.append(DistributedGradientTape(tape, compression=config.compression))
+            traced.append(DistributedGradientTape(tape, compression=policy))
             return traced[-1]
 
         def report() -> tuple[int, int]:
@@ -87,4 +90,6 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
             "path": config.path, "rank": rank, "size": size, "epochs": config.epochs, "steps": done,
             "wall_s": wall, "step_s": step_time / max(done, 1), "exchange_s": None,
             "bytes_sent_per_step": sent / max(done, 1), "bytes_dense_per_step": dense / max(done, 1),
+            "assignment": None if policy is None or policy.assignment is None
+            else [row.to_dict() for row in policy.assignment],
             "validation": validation, "config": dataclasses.asdict(config), "environment": environment()}

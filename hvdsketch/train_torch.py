@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -19,8 +19,8 @@ def _optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optim
 
 
 def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
-    """(optimizer, report) for the configured path; ``report()`` gives bytes sent, dense bytes and
-    seconds per exchange phase so far."""
+    """(optimizer, report) for the configured path; ``report()`` gives bytes sent, dense bytes,
+    seconds per exchange phase so far and the policy's assignment table."""
     base = _optimizer(config, model)
     if config.path == "horovod":
         from hvdsketch.torch import Compression
@@ -46,7 +46,8 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
 
     def report() -> dict[str, Any]:
         r = optimizer.report()
-        return {"sent": r["bytes_sent"], "dense": r["bytes_dense_allreduce"], "seconds": r["seconds"]}
+        return {"sent": r["bytes_sent"], "dense": r["bytes_dense_allreduce"], "seconds": r["seconds"],
+                "assignment": r["assignment"]}
     return optimizer, report
 
 
@@ -71,14 +72,44 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
 
     hvd.init()
     torch.set_num_threads(max(1, (torch.get_num_threads()) // hvd.local_size()))
-    rank, size = hvd.rank(), hvd.size()
     model = workload.build_model()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer, report = _distributed(config, model, hvd)
+
+    def step(batch: Any) -> tuple[torch.Tensor, float]:
+        optimizer.zero_grad()
+        loss = workload.loss(model, batch)
+        loss.backward()
+        t1 = time.perf_counter()
+        optimizer.synchronize()
+        exchange = time.perf_counter() - t1
+        clip(config, model)
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        return loss, exchange
+
+    return fit(config, workload, model, step, hvd.rank(), hvd.size(), report)
+
+
+def clip(config: TrainConfig, model: torch.nn.Module) -> None:
+    """Clip the dense gradients' global norm to ``config.clip``, if set."""
+    if config.clip:
+        dense = [p for p in model.parameters() if p.grad is not None and not p.grad.is_sparse]
+        torch.nn.utils.clip_grad_norm_(dense, config.clip)
+
+
+def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
+        step: Callable[[Any], tuple[torch.Tensor, float | None]], rank: int, size: int,
+        report: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The epochs of training with ``step(batch) -> (loss, seconds exchanging or None)``, validation on
+    rank 0 after each, and the run's record; ``report()`` gives the bytes sent and dense bytes so far,
+    seconds per exchange phase, and optionally the policy's ``assignment`` table. The DDP baselines
+    (:mod:`hvdsketch.bench.ddp`) run the same loop, so their records compare line for line."""
     steps = workload.steps_per_epoch(size)
     if config.steps_per_epoch:
         steps = min(steps, config.steps_per_epoch)
     step_time = exchange_time = 0.0
+    exchanged = True
     done = 0
     validation = []
     start = time.perf_counter()
@@ -89,18 +120,10 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
                    mininterval=5)
         for _, batch in zip(bar, batches):
             t0 = time.perf_counter()
-            optimizer.zero_grad()
-            loss = workload.loss(model, batch)
-            loss.backward()
-            t1 = time.perf_counter()
-            optimizer.synchronize()
-            exchange_time += time.perf_counter() - t1
-            if config.clip:
-                dense = [p for p in model.parameters() if p.grad is not None and not p.grad.is_sparse]
-                torch.nn.utils.clip_grad_norm_(dense, config.clip)
-            with optimizer.skip_synchronize():
-                optimizer.step()
+            loss, exchange = step(batch)
             step_time += time.perf_counter() - t0
+            exchanged = exchanged and exchange is not None
+            exchange_time += exchange or 0.0
             done += 1
             bar.set_postfix(loss=f"{loss.item():.3f}")
         if rank == 0:
@@ -111,8 +134,10 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
     per_step = 1 / max(done, 1)
     return {"workload": str(workload), "compression": config.compression, "memory": config.memory,
             "path": config.path, "rank": rank, "size": size, "epochs": config.epochs, "steps": done,
-            "wall_s": wall, "step_s": step_time * per_step, "exchange_s": exchange_time * per_step,
+            "wall_s": wall, "step_s": step_time * per_step,
+            "exchange_s": exchange_time * per_step if exchanged else None,
             "phases_s": {k: v * per_step for k, v in totals["seconds"].items()},
             "bytes_sent_per_step": totals["sent"] * per_step, "bytes_dense_per_step": totals["dense"] * per_step,
+            "assignment": totals.get("assignment"),
             "validation": validation, "config": dataclasses.asdict(config),
             "environment": environment()}

@@ -1,0 +1,175 @@
+"""The peers users would run instead of hvdsketch: PyTorch DDP over gloo, dense or with PowerSGD.
+
+::
+
+    mpirun -np 2 python -m hvdsketch.bench.ddp --config configs/lstm.yaml --hook powersgd --rank 4 \\
+        --steps-per-epoch 60 --out runs/
+    launch/cluster.sh --rate 1gbit -np 2 -- python -m hvdsketch.bench.ddp --config configs/lstm.yaml
+
+It trains the same workload (:mod:`hvdsketch.workloads`) from the same YAML
+config (optimizer, learning rate, clipping, epochs, steps) through the same
+training loop as ``hvdsketch train`` (:func:`hvdsketch.train_torch.fit`), with
+``torch.nn.parallel.DistributedDataParallel`` averaging the gradients during
+the backward pass, and writes the same JSON record with ``path: ddp``, so the
+benchmark harness puts both side by side.
+
+- ``--hook none``: DDP's own bucketed allreduce.
+- ``--hook powersgd``: ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook``
+  (Vogels et al., NeurIPS 2019) at ``--rank``, with error feedback and warm
+  start, dense for the first ``--start-iter`` steps (DDP's minimum is 2), matrices
+  compressed where ``n m / ((n + m) r) >= 2`` (the hook's own rule), vectors
+  allreduced as they are.
+
+With gloo the PowerSGD hook needs all gradients in one bucket (with several,
+gloo aborted on a size mismatch here), so the bucket holds the whole model by
+default, which also means the allreduce starts after the backward pass, as
+hvdsketch's does. DDP's hooks take no sparse gradients, so a workload with a
+``sparse`` option (the LSTM's embedding) runs with ``sparse=false``; its
+gradient is then the dense tensor hvdsketch's dense allreduce also sends.
+
+Ranks and world size come from the launcher (Open MPI's ``OMPI_COMM_WORLD_*``,
+``horovodrun``'s ``HOROVOD_*``, or ``RANK``/``WORLD_SIZE``); the rendezvous is a
+TCP store on ``MASTER_ADDR`` (default 127.0.0.1) and ``MASTER_PORT`` (default
+derived from the MPI job, so concurrent jobs do not collide), and gloo talks
+over the loopback (``GLOO_SOCKET_IFNAME=lo``), inside ``launch/cluster.sh``'s
+shaped namespace too. Bytes per step are counted by the ring formula: the dense
+buckets, and the hook's own count of what it compressed (P and Q) and not.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from hvdsketch import spec
+from hvdsketch.collectives.stats import ring_allreduce_bytes
+
+HOOKS = ("none", "powersgd")
+#: Environment variables naming the rank and the world size, by launcher.
+LAUNCHERS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+             ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
+             ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="the YAML config hvdsketch train takes")
+    parser.add_argument("--workload", help="workload flag, overrides the config's")
+    parser.add_argument("--hook", choices=HOOKS, default="powersgd", help="DDP communication hook")
+    parser.add_argument("--rank", type=int, default=4, help="PowerSGD's matrix approximation rank")
+    parser.add_argument("--start-iter", type=int, default=2, help="PowerSGD starts after this many dense steps")
+    parser.add_argument("--bucket-cap-mb", type=float, help="DDP bucket size (default: the whole model)")
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--steps-per-epoch", type=int, help="cap the steps of each epoch (quick runs)")
+    parser.add_argument("--out", help="folder for the JSON record (default: the config's, runs/)")
+
+
+def launch_env() -> tuple[int, int, int]:
+    """``(rank, size, local size)`` from the launcher's environment."""
+    for rank, size, local in LAUNCHERS:
+        if rank in os.environ and size in os.environ:
+            n = int(os.environ[size])
+            return int(os.environ[rank]), n, int(os.environ.get(local, n))
+    raise RuntimeError("hvdsketch.bench.ddp: no rank in the environment; launch it with mpirun, horovodrun, "
+                       "launch/cluster.sh or torchrun (looked for " + ", ".join(r for r, _, _ in LAUNCHERS) + ")")
+
+
+def dense_workload(flag: str) -> str:
+    """The workload flag with ``sparse=false`` where the workload has that option."""
+    from hvdsketch.workloads import get
+
+    parsed = spec.Spec.parse(flag)
+    if "sparse" not in {f.name for f in dataclasses.fields(get(flag))}:
+        return flag
+    return str(spec.Spec(parsed.name, {**parsed.options, "sparse": "false"}))
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from hvdsketch.train import TrainConfig, print_summary
+    from hvdsketch.train_torch import _optimizer, clip, fit
+    from hvdsketch.workloads import get
+
+    rank, size, local = launch_env()
+    config = TrainConfig.load(args.config, workload=args.workload, epochs=args.epochs,
+                              steps_per_epoch=args.steps_per_epoch, out=args.out)
+    flag = "none" if args.hook == "none" else f"powersgd:rank={args.rank}"
+    config = dataclasses.replace(config, workload=dense_workload(config.workload), compression=flag, memory=None)
+    workload = get(config.workload)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("OMPI_MCA_ess_base_jobid", 9500)) % 20000))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=300))
+    try:
+        torch.set_num_threads(max(1, torch.get_num_threads() // local))
+        model = workload.build_model()
+        whole = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb or whole)
+        state = _hook(ddp, args)
+        optimizer = _optimizer(config, model)
+
+        steps = {"done": 0}
+
+        def step(batch: Any) -> tuple[torch.Tensor, None]:
+            steps["done"] += 1
+            optimizer.zero_grad()
+            loss = workload.loss(ddp, batch)
+            loss.backward()  # DDP averages the gradients here
+            clip(config, model)
+            optimizer.step()
+            return loss, None
+
+        dense = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+        def report() -> dict[str, Any]:
+            done = steps["done"]
+            full = ring_allreduce_bytes(dense, size)
+            if state is None:
+                return {"sent": full * done, "dense": full * done, "seconds": {}}
+            _, _, compressed = state.compression_stats()  # elements sent in the PowerSGD steps
+            itemsize = dense // sum(p.numel() for p in model.parameters() if p.requires_grad)
+            sent = full * min(done, state.start_powerSGD_iter) + ring_allreduce_bytes(int(compressed) * itemsize, size)
+            return {"sent": sent, "dense": full * done, "seconds": {}}
+
+        record = fit(config, workload, model, step, rank, size, report)
+        record["path"] = "ddp"
+        record["ddp"] = {"hook": args.hook, "rank": args.rank, "start_iter": args.start_iter,
+                         "bucket_cap_mb": args.bucket_cap_mb or whole, "backend": "gloo"}
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        print_summary(record)
+        out = Path(config.out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{workload.name}-ddp-{args.hook}-np{size}-{int(time.time())}.json"
+        path.write_text(json.dumps(record, indent=2))
+        print(f"record: {path}")
+    return 0
+
+
+def _hook(ddp: Any, args: argparse.Namespace) -> Any:
+    """Register the chosen communication hook; the PowerSGD state (its compression counters), or None."""
+    if args.hook == "none":
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=args.rank,
+                                        start_powerSGD_iter=args.start_iter)
+    ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hvdsketch.bench.ddp", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
