@@ -1,4 +1,4 @@
-"""``hvdsketch info | train | plan | bench {collectives,compressors,train}``.
+"""``hvdsketch info | train | plan | bench {collectives,compressors,train,exchange,scaling}``.
 
 Each command lives in its own module exposing ``add_arguments(parser)`` and
 ``run(args) -> int``; modules import frameworks inside ``run`` only, so the
@@ -19,6 +19,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "collectives": ("hvdsketch.bench.collectives", "sparse collectives against dense allreduce"),
     "compressors": ("hvdsketch.bench.compressors", "ratio, throughput and error of every compressor"),
     "train": ("hvdsketch.bench.train", "training matrix on the emulated cluster"),
+    "exchange": ("hvdsketch.bench.exchange", "one tensor's exchange time per entry, on real gradients"),
+    "scaling": ("hvdsketch.bench.scaling", "bytes per rank of sparse allreduces for 2..1024 ranks, measured supports"),
 }
 
 

@@ -45,47 +45,65 @@ def number(value: float | None, digits: int = 3, suffix: str = "") -> str:
     return f"{value:.{digits}g}{suffix}"
 
 
-def _figure(title: str, xlabel: str, ylabel: str, log: str = ""):
+def _axes(panels: int, title: str):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    cols = min(panels, 2)
+    rows = -(-panels // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
+    for ax in axes.flat[panels:]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    return fig, list(axes.flat[:panels])
+
+
+def _style(ax, title: str, xlabel: str, ylabel: str, log: str) -> None:
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel,
            xscale="log" if "x" in log else "linear", yscale="log" if "y" in log else "linear")
     ax.grid(True, which="both", alpha=0.3)
-    return fig, ax
+    from matplotlib.ticker import FuncFormatter
 
-
-def _save(fig, ax, path: str) -> None:
+    for axis, scale in ((ax.xaxis, "x"), (ax.yaxis, "y")):
+        if scale in log:  # 0.01, 1, 100 rather than 10^-2, 10^0, 10^2
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.1g}"[0] in "125" else ""))
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        ax.legend(fontsize=7)
+
+
+def _save(fig, path: str) -> None:
     import matplotlib.pyplot as plt
 
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def line_plot(series: Series, path: str, title: str, xlabel: str, ylabel: str, log: str = "") -> None:
-    """One line with markers per label; ``log`` names the log-scaled axes (``"x"``, ``"xy"``)."""
-    fig, ax = _figure(title, xlabel, ylabel, log)
-    for label, points in series.items():
-        if points:
-            xs, ys = zip(*sorted(points))
-            ax.plot(xs, ys, "-o", label=label, markersize=4)
-    _save(fig, ax, path)
+def line_plot(panels: dict[str, Series], path: str, title: str, xlabel: str, ylabel: str, log: str = "") -> None:
+    """One panel per key of ``panels``, a line with markers per label in it; ``log`` names the
+    log-scaled axes (``"x"``, ``"xy"``)."""
+    fig, axes = _axes(len(panels), title)
+    for ax, (name, series) in zip(axes, panels.items()):
+        for label, points in series.items():
+            if points:
+                xs, ys = zip(*sorted(points))
+                ax.plot(xs, ys, "-o", label=label, markersize=4)
+        _style(ax, name, xlabel, ylabel, log)
+    _save(fig, path)
 
 
 def bar_plot(groups: dict[str, dict[str, float]], path: str, title: str, ylabel: str, log: bool = False) -> None:
     """Grouped bars: ``groups[group][label]`` (e.g. per cluster cell, bytes per compressor)."""
-    fig, ax = _figure(title, "", ylabel, "y" if log else "")
+    fig, (ax,) = _axes(1, "")
     labels = list(dict.fromkeys(label for bars in groups.values() for label in bars))
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
         xs = [g for g, bars in enumerate(groups.values()) if label in bars]
         ys = [bars[label] for bars in groups.values() if label in bars]
         ax.bar([x + (i - (len(labels) - 1) / 2) * width for x in xs], ys, width, label=label)
+    _style(ax, title, "", ylabel, "y" if log else "")  # before the ticks: setting a scale resets them
     ax.set_xticks(range(len(groups)), list(groups), fontsize=8)
-    _save(fig, ax, path)
+    _save(fig, path)

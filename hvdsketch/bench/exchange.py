@@ -1,0 +1,148 @@
+"""One tensor's gradient exchange under every entry, on real gradients, side by side.
+
+Run under ``launch/cluster.sh`` (``hvdsketch bench train`` runs it once per
+cell of workloads that name a ``probe`` tensor). Every rank builds the
+workload's model (PyTorch) and, for each of ``--steps`` real batches of its
+shard, computes the gradient; then, for every entry in turn (the order
+rotates each step, so no entry always goes first), all ranks meet at a
+barrier and exchange that one tensor:
+
+- a compression setting (a flag or a rules mapping) gets the compressor its
+  policy picks for the tensor, and :func:`hvdsketch.exchange.exchange_all`
+  averages it over Horovod as ``hvdsketch``'s optimizer would; for ``none``
+  that is Horovod's dense allreduce of the densified gradient, what
+  ``--path horovod`` does with ``sparse_as_dense``;
+- ``path: horovod`` with ``sparse_as_dense: false`` is Horovod's own sparse
+  allreduce, an allgather of the gradient's indices and values.
+
+A step's time is the slowest rank's; the JSON has each entry's median over
+the steps after one warm-up step, bytes per step (this rank's counters,
+Horovod's ring model) and the time against ``--baseline``. Training is not
+part of it: the weights stay at their initial values, and only the
+gradient's values and support matter here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any, Callable
+
+import yaml
+
+WARMUP = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="the workload's training YAML")
+    parser.add_argument("--tensor", required=True, help="parameter name, e.g. embedding.weight")
+    parser.add_argument("--entries", required=True,
+                        help="YAML list of entries (label, compression, path, sparse_as_dense), as in bench configs")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (after one warm-up step)")
+    parser.add_argument("--baseline", default="dense", help="label of the entry others are compared with")
+    parser.add_argument("--json", help="write the results here (rank 0)")
+
+
+def _exchangers(entries: list[Any], param: Any, name: str, hvd: Any) -> dict[str, tuple[Callable[[int], Any], Any]]:
+    """Per entry label: ``step -> None`` exchanging ``param.grad`` once, and its byte counters."""
+    from hvdsketch.collectives.horovod import HorovodCommunicator
+    from hvdsketch.collectives.stats import CommStats
+    from hvdsketch.compress import TensorContext
+    from hvdsketch.exchange import exchange_all
+    from hvdsketch.policy import create as create_policy
+    from hvdsketch.torch.optimizer import _as_hvdsketch
+
+    out = {}
+    for entry in entries:
+        if entry.path == "horovod" and entry.sparse_as_dense is False:
+            stats = CommStats()
+
+            def gather(step: int, stats: CommStats = stats) -> None:
+                grad = param.grad
+                if not grad.is_sparse:
+                    raise ValueError(f"hvdsketch bench exchange: {name} has a dense gradient; nothing to allgather")
+                hvd.synchronize(hvd.sparse_allreduce_async(grad, name=f"probe.{name}", op=hvd.Average))
+                local = grad._indices().nbytes + grad._values().nbytes
+                stats.record("allgather", (hvd.size() - 1) * local, (hvd.size() - 1) * local)
+
+            out[entry.label] = (gather, stats)
+            continue
+        communicator = HorovodCommunicator(hvd)
+        policy = create_policy(entry.compression)
+
+        def exchange(step: int, policy: Any = policy, communicator: Any = communicator) -> None:
+            grad = _as_hvdsketch(param.grad)
+            ctx = TensorContext(name, tuple(param.shape), step, hvd.size())
+            (compressor,) = policy.select([grad], [ctx], communicator)
+            exchange_all([(compressor, grad, ctx)], communicator)
+
+        out[entry.label] = (exchange, communicator.stats)
+    return out
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the probe on this rank; every rank returns the same table."""
+    import horovod.torch as hvd
+    import torch
+
+    from hvdsketch.bench.matrix import Entry
+    from hvdsketch.train import TrainConfig
+    from hvdsketch.workloads import get
+
+    hvd.init()
+    torch.set_num_threads(max(1, torch.get_num_threads() // hvd.local_size()))
+    config = TrainConfig.load(args.config)
+    workload = get(config.workload)
+    if getattr(workload, "framework", "torch") != "torch":
+        raise SystemExit(f"hvdsketch bench exchange: {workload.name} is not a PyTorch workload")
+    entries = [Entry.from_mapping(e) for e in yaml.safe_load(open(args.entries)) or []]
+    if args.baseline not in [e.label for e in entries]:
+        raise SystemExit(f"hvdsketch bench exchange: no entry labelled {args.baseline!r} (the baseline)")
+    model = workload.build_model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    params = dict(model.named_parameters())
+    if args.tensor not in params:
+        raise SystemExit(f"hvdsketch bench exchange: no parameter {args.tensor!r}; valid: {', '.join(params)}")
+    param = params[args.tensor]
+    runs = _exchangers(entries, param, args.tensor, hvd)
+    times: dict[str, list[float]] = {label: [] for label in runs}
+    batches = workload.train_batches(0, hvd.rank(), hvd.size())
+    for step, batch in zip(range(WARMUP + args.steps), batches):
+        model.zero_grad(set_to_none=True)
+        workload.loss(model, batch).backward()
+        if step == WARMUP:
+            for _, stats in runs.values():
+                stats.reset()
+        labels = list(runs)
+        for label in labels[step % len(labels):] + labels[:step % len(labels)]:
+            hvd.barrier()
+            start = time.perf_counter()
+            runs[label][0](step)
+            seconds = time.perf_counter() - start
+            slowest = hvd.allreduce(torch.tensor([seconds]), op=hvd.Max, name="probe.time").item()
+            if step >= WARMUP:
+                times[label].append(slowest)
+    steps = max(len(next(iter(times.values()))), 1)
+    base = statistics.median(times[args.baseline])
+    rows = [{"label": e.label, "exchange_s": statistics.median(times[e.label]),
+             "vs_baseline": statistics.median(times[e.label]) / base,
+             "bytes_sent_per_step": runs[e.label][1].bytes_sent / steps} for e in entries]
+    return {"workload": str(workload), "tensor": args.tensor, "shape": list(param.shape), "size": hvd.size(),
+            "steps": steps, "baseline": args.baseline, "rows": rows}
+
+
+def run(args: argparse.Namespace) -> int:
+    import horovod.torch as hvd
+
+    result = measure(args)
+    if hvd.rank() == 0:
+        print(f"hvdsketch bench exchange: {result['tensor']} {tuple(result['shape'])}, {result['size']} ranks, "
+              f"median of {result['steps']} steps")
+        for r in result["rows"]:
+            print(f"  {r['label']:<20} {1e3 * r['exchange_s']:9.1f} ms  {r['vs_baseline']:6.2f}x {args.baseline}  "
+                  f"{r['bytes_sent_per_step'] / 1e6:9.3f} MB/step", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+    return 0

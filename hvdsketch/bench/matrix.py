@@ -1,0 +1,233 @@
+"""What ``hvdsketch bench train`` runs: entries x workloads x link rates x rank counts, from a YAML file.
+
+::
+
+    rates: [1gbit, 10gbit]          # launch/cluster.sh --rate (``none``: unshaped loopback)
+    ranks: [2, 4]
+    timeout_s: 1200                 # per run; a run past it is killed and reported as timed out
+    baseline: dense                 # the entry every speed-up and quality is measured against
+    subject: sketch                 # the entry the targets are about
+    workloads:
+      lstm: {config: configs/lstm.yaml, epochs: 2, steps_per_epoch: 50, probe: embedding.weight}
+    entries:
+      - {label: dense, compression: none, path: horovod}
+      - {label: sketch, compression: {rules: [...], default: none}, workloads: [lstm]}
+      - {label: ddp, runner: hvdsketch.bench.ddp, args: [--hook, none]}
+    quick: {workloads: [fasttext], entries: [dense, sketch], rates: [1gbit], ranks: [2], steps_per_epoch: 10}
+
+An entry is one way to train: a compression setting (a flag, or a rules
+mapping of :mod:`hvdsketch.policy`), whose optimizer (``path``), residual
+memory, and the *runner*: ``train`` (``hvdsketch train``) or any module run as
+``python -m MODULE --config C --out D ARGS...`` that writes the same JSON
+record (the DDP baselines). Each run gets a config file of its own: the
+workload's YAML with the entry's settings laid over it. A workload with a
+``probe`` tensor also gets one ``hvdsketch bench exchange`` run per cell,
+timing that tensor's exchange under every entry side by side.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from hvdsketch.spec import SpecError
+
+TRAIN = "train"
+
+
+def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
+    """``raw`` checked against the dataclass ``cls``: a mapping with known keys only."""
+    valid = [f.name for f in dataclasses.fields(cls)]
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{where}: expected a mapping with keys {', '.join(valid)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(valid))
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; valid: {', '.join(valid)}")
+    return dict(raw)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One way to train (a row of the table).
+
+    label            its name in tables, unique per workload
+    compression      a compression flag or a rules mapping (hvdsketch train's ``compression:``)
+    path             hvdsketch or horovod (whose DistributedOptimizer)
+    memory           residual memory flag, or None
+    sparse_as_dense  path horovod: False lets Horovod allgather sparse gradients
+    runner           ``train``, or a module run with ``--config C --out D`` plus ``args``
+    args             extra command-line arguments for the runner
+    workloads        only on these workloads (None: all)
+    """
+
+    label: str
+    compression: Any = "none"
+    path: str = "hvdsketch"
+    memory: str | None = None
+    sparse_as_dense: bool | None = None
+    runner: str = TRAIN
+    args: tuple[str, ...] = ()
+    workloads: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_mapping(cls, raw: Any) -> "Entry":
+        raw = _fields(cls, raw, "entry")
+        if "label" not in raw:
+            raise SpecError(f"entry {raw} needs a label")
+        for key in ("args", "workloads"):
+            if raw.get(key) is not None:
+                raw[key] = tuple(str(v) for v in raw[key])
+        return cls(**raw)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The inverse of :meth:`from_mapping` (plain lists, for YAML and JSON)."""
+        out = dataclasses.asdict(self)
+        return {**out, "args": list(self.args), "workloads": None if self.workloads is None else list(self.workloads)}
+
+    @property
+    def available(self) -> bool:
+        """Whether its runner exists in this checkout (a missing one is reported, not dropped)."""
+        return self.runner == TRAIN or importlib.util.find_spec(self.runner) is not None
+
+    def overrides(self) -> dict[str, Any]:
+        """The keys it lays over a workload's training config."""
+        out = {"compression": self.compression, "path": self.path, "memory": self.memory,
+               "sparse_as_dense": self.sparse_as_dense}
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class WorkloadRuns:
+    """How one workload is run: its training config, the same epochs and steps for every entry, and
+    the tensor whose exchange ``hvdsketch bench exchange`` times (None: no probe)."""
+
+    name: str
+    config: str
+    epochs: int = 1
+    steps_per_epoch: int = 50
+    probe: str | None = None
+    probe_steps: int = 10
+
+    def __post_init__(self) -> None:
+        if min(self.epochs, self.steps_per_epoch, self.probe_steps) < 1:
+            raise SpecError(f"workload {self.name}: epochs, steps_per_epoch and probe_steps must be >= 1")
+
+    def training_config(self, entry: Entry) -> dict[str, Any]:
+        """The workload's YAML with the entry's settings and the step budget laid over it."""
+        raw = yaml.safe_load(Path(self.config).read_text()) or {}
+        return {**raw, **entry.overrides(), "epochs": self.epochs, "steps_per_epoch": self.steps_per_epoch}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run on the emulated cluster: an entry's training, or (``entry`` None) a cell's probe."""
+
+    workload: WorkloadRuns
+    rate: str
+    ranks: int
+    entry: Entry | None
+
+    @property
+    def label(self) -> str:
+        return self.entry.label if self.entry else "exchange-probe"
+
+    @property
+    def key(self) -> str:
+        return f"{self.workload.name}-{self.rate}-np{self.ranks}-{self.label}"
+
+    def command(self, run_dir: Path, probe_entries: list[Entry]) -> list[str]:
+        """The command ``launch/cluster.sh`` runs on every rank; writes its input files to ``run_dir``."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if self.entry is None:
+            entries = run_dir / "entries.yaml"
+            entries.write_text(yaml.safe_dump([e.to_mapping() for e in probe_entries], sort_keys=False))
+            return [sys.executable, "-m", "hvdsketch.cli", "bench", "exchange", "--config", self.workload.config,
+                    "--tensor", str(self.workload.probe), "--entries", str(entries),
+                    "--steps", str(self.workload.probe_steps), "--json", str(run_dir / "record.json")]
+        config = run_dir / "config.yaml"
+        config.write_text(yaml.safe_dump(self.workload.training_config(self.entry), sort_keys=False))
+        head = ([sys.executable, "-m", "hvdsketch.cli", "train"] if self.entry.runner == TRAIN
+                else [sys.executable, "-m", self.entry.runner])
+        return head + ["--config", str(config), "--out", str(run_dir), *self.entry.args]
+
+
+@dataclass(frozen=True)
+class Matrix:
+    workloads: tuple[WorkloadRuns, ...]
+    entries: tuple[Entry, ...]
+    rates: tuple[str, ...] = ("1gbit", "10gbit")
+    ranks: tuple[int, ...] = (2, 4)
+    timeout_s: float = 1200.0
+    baseline: str = "dense"
+    subject: str = "sketch"
+
+    @classmethod
+    def load(cls, path: str, quick: bool = False) -> "Matrix":
+        """From the YAML file ``path``; ``quick`` applies its ``quick:`` section (names of the
+        workloads and entries to keep, rates, ranks, and epochs/steps for every workload)."""
+        raw = yaml.safe_load(Path(path).read_text())
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"{path}: a bench config must be a mapping")
+        quick_raw = raw.pop("quick", None) or {}
+        raw = _fields(cls, raw, path)
+        workloads = raw.get("workloads") or {}
+        if not isinstance(workloads, Mapping) or not workloads:
+            raise SpecError(f"{path}: workloads must map names to {{config: ..., epochs: ..., steps_per_epoch: ...}}")
+        raw["workloads"] = tuple(WorkloadRuns(name=name, **_fields(WorkloadRuns, w, f"{path}: workload {name}"))
+                                 for name, w in workloads.items())
+        raw["entries"] = tuple(Entry.from_mapping(e) for e in raw.get("entries") or [])
+        for key in ("rates", "ranks"):
+            if key in raw:
+                raw[key] = tuple(raw[key])
+        matrix = cls(**raw)
+        return matrix.select(**quick_raw) if quick else matrix
+
+    def __post_init__(self) -> None:
+        if not self.entries:
+            raise SpecError("a bench config needs entries")
+        for w in self.workloads:
+            labels = [e.label for e in self.for_workload(w.name)]
+            if len(set(labels)) != len(labels):
+                raise SpecError(f"workload {w.name}: entry labels must be unique, got {labels}")
+        if not all(isinstance(n, int) and n >= 1 for n in self.ranks):
+            raise SpecError(f"ranks must be positive integers, got {self.ranks}")
+
+    def select(self, workloads: list[str] | None = None, entries: list[str] | None = None,
+               rates: list[str] | None = None, ranks: list[int] | None = None,
+               epochs: int | None = None, steps_per_epoch: int | None = None,
+               probe_steps: int | None = None, timeout_s: float | None = None) -> "Matrix":
+        """A smaller matrix: the named workloads and entries only, other rates and ranks, and a step
+        budget for every workload. Unknown names are an error naming the valid ones."""
+        for asked, valid, what in ((workloads, [w.name for w in self.workloads], "workload"),
+                                   (entries, [e.label for e in self.entries], "entry")):
+            unknown = sorted(set(asked or []) - set(valid))
+            if unknown:
+                raise SpecError(f"unknown {what}(s) {', '.join(unknown)}; valid: {', '.join(dict.fromkeys(valid))}")
+        budget = {k: v for k, v in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch),
+                                    ("probe_steps", probe_steps)) if v is not None}
+        return dataclasses.replace(
+            self,
+            workloads=tuple(dataclasses.replace(w, **budget) for w in self.workloads
+                            if workloads is None or w.name in workloads),
+            entries=tuple(e for e in self.entries if entries is None or e.label in entries),
+            rates=tuple(rates) if rates else self.rates, ranks=tuple(ranks) if ranks else self.ranks,
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s)
+
+    def for_workload(self, name: str) -> list[Entry]:
+        return [e for e in self.entries if e.workloads is None or name in e.workloads]
+
+    def jobs(self) -> list[Job]:
+        """Cell by cell (workload, rate, ranks), every entry of the cell in a row, then its probe."""
+        out = []
+        for w in self.workloads:
+            for rate in self.rates:
+                for n in self.ranks:
+                    out += [Job(w, rate, n, e) for e in self.for_workload(w.name)]
+                    if w.probe:
+                        out.append(Job(w, rate, n, None))
+        return out
