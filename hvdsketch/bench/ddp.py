@@ -59,7 +59,8 @@ LAUNCHERS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_L
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="the YAML config hvdsketch train takes")
     parser.add_argument("--workload", help="workload flag, overrides the config's")
-    parser.add_argument("--hook", choices=HOOKS, default="powersgd", help="DDP communication hook")
+    parser.add_argument("--hook", default="powersgd", help="DDP communication hook: none or powersgd, "
+                        "options as in a flag (powersgd:rank=4,start_iter=2) or as --rank / --start-iter")
     parser.add_argument("--rank", type=int, default=4, help="PowerSGD's matrix approximation rank")
     parser.add_argument("--start-iter", type=int, default=2, help="PowerSGD starts after this many dense steps")
     parser.add_argument("--bucket-cap-mb", type=float, help="DDP bucket size (default: the whole model)")
@@ -76,6 +77,25 @@ def launch_env() -> tuple[int, int, int]:
             return int(os.environ[rank]), n, int(os.environ.get(local, n))
     raise RuntimeError("hvdsketch.bench.ddp: no rank in the environment; launch it with mpirun, horovodrun, "
                        "launch/cluster.sh or torchrun (looked for " + ", ".join(r for r, _, _ in LAUNCHERS) + ")")
+
+
+def parse_hook(args: argparse.Namespace) -> tuple[str, int, int]:
+    """``(hook, rank, start_iter)`` from ``--hook`` (a flag whose options override ``--rank`` and
+    ``--start-iter``); raises :class:`hvdsketch.spec.SpecError` naming the valid choices."""
+    hook = spec.Spec.parse(args.hook)
+    if hook.name not in HOOKS:
+        raise spec.SpecError(f"unknown hook {hook.name!r}; valid: {', '.join(HOOKS)}")
+    unknown = sorted(set(hook.options) - ({"rank", "start_iter"} if hook.name == "powersgd" else set()))
+    if unknown:
+        raise spec.SpecError(f"unknown option(s) {', '.join(unknown)} for hook {hook.name!r}; valid: "
+                             f"{'rank, start_iter' if hook.name == 'powersgd' else '(none)'}")
+    try:
+        rank, start = int(hook.options.get("rank", args.rank)), int(hook.options.get("start_iter", args.start_iter))
+    except ValueError:
+        raise spec.SpecError(f"hook {args.hook!r}: rank and start_iter are integers") from None
+    if rank < 1 or start < 2:
+        raise spec.SpecError(f"hook {args.hook!r}: rank must be >= 1 and start_iter >= 2 (DDP's minimum)")
+    return hook.name, rank, start
 
 
 def dense_workload(flag: str) -> str:
@@ -96,10 +116,11 @@ def run(args: argparse.Namespace) -> int:
     from hvdsketch.train_torch import _optimizer, clip, fit
     from hvdsketch.workloads import get
 
+    hook, approximation_rank, start_iter = parse_hook(args)
     rank, size, local = launch_env()
     config = TrainConfig.load(args.config, workload=args.workload, epochs=args.epochs,
                               steps_per_epoch=args.steps_per_epoch, out=args.out)
-    flag = "none" if args.hook == "none" else f"powersgd:rank={args.rank}"
+    flag = "none" if hook == "none" else f"powersgd:rank={approximation_rank}"
     config = dataclasses.replace(config, workload=dense_workload(config.workload), compression=flag, memory=None)
     workload = get(config.workload)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -111,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         model = workload.build_model()
         whole = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
         ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb or whole)
-        state = _hook(ddp, args)
+        state = None if hook == "none" else _powersgd(ddp, approximation_rank, start_iter)
         optimizer = _optimizer(config, model)
 
         steps = {"done": 0}
@@ -139,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
 
         record = fit(config, workload, model, step, rank, size, report)
         record["path"] = "ddp"
-        record["ddp"] = {"hook": args.hook, "rank": args.rank, "start_iter": args.start_iter,
+        record["ddp"] = {"hook": hook, "rank": approximation_rank, "start_iter": start_iter,
                          "bucket_cap_mb": args.bucket_cap_mb or whole, "backend": "gloo"}
     finally:
         dist.destroy_process_group()
@@ -147,20 +168,18 @@ def run(args: argparse.Namespace) -> int:
         print_summary(record)
         out = Path(config.out)
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{workload.name}-ddp-{args.hook}-np{size}-{int(time.time())}.json"
+        path = out / f"{workload.name}-ddp-{hook}-np{size}-{int(time.time())}.json"
         path.write_text(json.dumps(record, indent=2))
         print(f"record: {path}")
     return 0
 
 
-def _hook(ddp: Any, args: argparse.Namespace) -> Any:
-    """Register the chosen communication hook; the PowerSGD state (its compression counters), or None."""
-    if args.hook == "none":
-        return None
+def _powersgd(ddp: Any, rank: int, start_iter: int) -> Any:
+    """Register DDP's PowerSGD hook; its state (which counts what it compressed)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=args.rank,
-                                        start_powerSGD_iter=args.start_iter)
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                        start_powerSGD_iter=start_iter)
     ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return state
 
