@@ -111,7 +111,7 @@ def run_job(job: Job, out: Path, timeout: float, matrix: Matrix) -> Result:
     """Run one job under ``launch/cluster.sh``; its log and record stay in ``out/runs/KEY``."""
     entry = job.entry
     result = Result(job.key, job.workload.name, job.rate, job.ranks, job.label,
-                    entry.runner if entry else "exchange-probe", "ok")
+                    entry.runner if entry else "exchange-probe", "ok", load=[os.getloadavg()[0]])
     if entry is not None and not entry.available:
         result.status, result.message = "unavailable", f"runner {entry.runner} is not in this checkout"
         return result
@@ -120,7 +120,7 @@ def run_job(job: Job, out: Path, timeout: float, matrix: Matrix) -> Result:
         old.unlink()
     probe_entries = [e for e in matrix.for_workload(job.workload.name) if e.runner == "train"]
     command = [str(CLUSTER), "--rate", job.rate, "-np", str(job.ranks), "--", *job.command(run_dir, probe_entries)]
-    start, result.load = time.time(), [os.getloadavg()[0]]
+    start = time.time()
     with open(run_dir / "log.txt", "w") as log:
         log.write(shlex.join(command) + "\n")
         log.flush()
@@ -200,7 +200,7 @@ def _training_rows(results: list[Result], baseline: str, subject: str,
         phases = rec.get("phases_s") or {}
         codec = phases["compress"] + phases["decompress"] if {"compress", "decompress"} <= set(phases) else None
         q, bq = quality(rec), quality(b.record) if b else None
-        delta = report.number(100 * (q[1] / bq[1] - 1), 3, "%") if q and bq else "-"
+        delta = f"{100 * (q[1] / bq[1] - 1):+.2f}%" if q and bq else "-"
         sent, dense = rec["bytes_sent_per_step"], rec["bytes_dense_per_step"]
         rows.append(cell + ["ok", _ms(rec["step_s"]),
                             report.number(b.record["step_s"] / rec["step_s"], 3, "x") if b else "-",

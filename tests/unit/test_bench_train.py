@@ -1,0 +1,281 @@
+"""The training benchmark's parts: matrix config, targets, tables, plots, the scaling model (its byte
+formulas against hvdsketch's MPI counters, under a real mpirun), and one tiny real run on cluster.sh."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvdsketch.bench import report, scaling
+from hvdsketch.bench.matrix import Entry, Matrix
+from hvdsketch.bench.targets import Outcome, evaluate
+from hvdsketch.bench.train import Result, markdown, outcomes, plots
+from hvdsketch.spec import SpecError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def test_markdown_pads_columns_and_right_aligns_numbers():
+    text = report.markdown(["entry", "ms"], [["dense", "1002"], ["sketch", "88.7"], ["failed", "-"]])
+    lines = text.splitlines()
+    assert lines[0] == "| entry  |   ms |"
+    assert lines[1] == "|--------|-----:|"
+    assert lines[3] == "| sketch | 88.7 |"
+    assert len({len(line) for line in lines}) == 1
+    with pytest.raises(ValueError, match="2 cells"):
+        report.markdown(["a", "b"], [["1"]])
+
+
+def test_number_formats_and_marks_missing_values():
+    assert report.number(1234.5, 3) == "1.23e+03"
+    assert report.number(0.01234, 2, "x") == "0.012x"
+    assert report.number(None) == report.number(float("nan")) == "-"
+
+
+# --- the matrix -----------------------------------------------------------------------------------
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+@pytest.fixture
+def bench_config(tmp_path):
+    train = write(tmp_path, "w.yaml", "workload: fashion\nlr: 0.05\nepochs: 9\n")
+    return write(tmp_path, "bench.yaml", f"""\
+        rates: [1gbit, 10gbit]
+        ranks: [2, 4]
+        workloads:
+          fashion: {{config: {train}, epochs: 2, steps_per_epoch: 30, probe: "0.weight"}}
+          other: {{config: {train}}}
+        entries:
+          - {{label: dense, compression: none, path: horovod}}
+          - {{label: sketch, compression: {{rules: [{{name: "0.*", compression: sketch}}], default: none}}}}
+          - {{label: peer, compression: topk, workloads: [other]}}
+        quick: {{workloads: [fashion], entries: [dense, sketch], rates: [1gbit], ranks: [2], steps_per_epoch: 3}}
+        """)
+
+
+def test_matrix_orders_jobs_cell_by_cell_with_the_probe_last(bench_config):
+    matrix = Matrix.load(bench_config)
+    keys = [j.key for j in matrix.jobs()]
+    assert keys[:3] == ["fashion-1gbit-np2-dense", "fashion-1gbit-np2-sketch", "fashion-1gbit-np2-exchange-probe"]
+    assert len(keys) == 4 * 3 + 4 * 3  # fashion: 2 entries + probe; other: 3 entries, no probe
+    quick = Matrix.load(bench_config, quick=True)
+    assert [j.key for j in quick.jobs()] == ["fashion-1gbit-np2-dense", "fashion-1gbit-np2-sketch",
+                                             "fashion-1gbit-np2-exchange-probe"]
+    assert quick.workloads[0].steps_per_epoch == 3 and quick.workloads[0].epochs == 2
+
+
+def test_each_run_gets_its_config_with_the_entry_laid_over_the_workload(bench_config, tmp_path):
+    import yaml
+
+    job = Matrix.load(bench_config).jobs()[1]
+    command = job.command(tmp_path / "run", [])
+    assert command[-4:] == ["--config", str(tmp_path / "run" / "config.yaml"), "--out", str(tmp_path / "run")]
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["lr"] == 0.05 and config["epochs"] == 2 and config["steps_per_epoch"] == 30
+    assert config["compression"]["rules"][0]["compression"] == "sketch"
+    probe = Matrix.load(bench_config).jobs()[2]
+    entries = [Entry(label="dense", path="horovod"), Entry(label="ag", path="horovod", sparse_as_dense=False)]
+    assert "exchange" in probe.command(tmp_path / "probe", entries)
+    back = [Entry.from_mapping(e) for e in yaml.safe_load((tmp_path / "probe" / "entries.yaml").read_text())]
+    assert back == entries
+
+
+@pytest.mark.parametrize("select, message", [
+    ({"entries": ["dense", "nope"]}, r"unknown entry\(s\) nope; valid: dense, sketch, peer"),
+    ({"workloads": ["lstm"]}, r"unknown workload\(s\) lstm; valid: fashion, other"),
+])
+def test_unknown_names_are_clear_errors(bench_config, select, message):
+    with pytest.raises(SpecError, match=message):
+        Matrix.load(bench_config).select(**select)
+
+
+def test_bad_matrices_are_clear_errors(tmp_path):
+    twice = write(tmp_path, "b.yaml", "workloads: {w: {config: x.yaml}}\n"
+                                      "entries: [{label: a}, {label: a, compression: fp16}]\n")
+    with pytest.raises(SpecError, match="labels must be unique"):
+        Matrix.load(twice)
+    unknown = write(tmp_path, "c.yaml", "workloads: {w: {config: x.yaml}}\nentries: [{label: a, compresion: fp16}]\n")
+    with pytest.raises(SpecError, match="unknown key.*compresion"):
+        Matrix.load(unknown)
+    with pytest.raises(SpecError, match="needs entries"):
+        Matrix.load(write(tmp_path, "d.yaml", "workloads: {w: {config: x.yaml}}\n"))
+
+
+def test_a_missing_runner_module_is_unavailable():
+    assert Entry("ddp", runner="hvdsketch.bench.no_such_module").available is False
+    assert Entry("dense").available and Entry("x", runner="hvdsketch.bench.report").available
+
+
+# --- targets and the report -----------------------------------------------------------------------
+
+
+def record(step_s, quality, metric="perplexity", epochs=2):
+    return {"step_s": step_s, "steps": 10 * epochs, "exchange_s": step_s / 2,
+            "phases_s": {"compress": 0.01, "communicate": 0.1, "decompress": 0.02},
+            "bytes_sent_per_step": 1e6, "bytes_dense_per_step": 4e6,
+            "validation": [{metric: quality * 1.5}, {metric: quality}]}
+
+
+def result(workload, label, rate="1gbit", ranks=2, status="ok", rec=None, runner="train"):
+    return Result(f"{workload}-{rate}-np{ranks}-{label}", workload, rate, ranks, label, runner, status,
+                  record=rec, message="" if status == "ok" else "exit 1: boom")
+
+
+def test_targets_are_met_missed_or_not_measured():
+    cells = {
+        ("lstm", "1gbit", 2): {"dense": Outcome(1.0, 100.0, False, 0.5), "sketch": Outcome(0.8, 101.0, False, 0.05)},
+        ("lstm", "1gbit", 4): {"dense": Outcome(1.0, 100.0, False, 0.5), "sketch": Outcome(1.2, 103.0, False, 0.2)},
+        ("fasttext", "1gbit", 4): {"dense": Outcome(1.0, 0.5, True), "sketch": Outcome(0.5, 0.495, True),
+                                   "topk": Outcome(0.4, 0.5, True)},
+        ("fashion", "10gbit", 2): {"dense": Outcome(1.0, 0.8, True), "sketch": Outcome(None, None, True)},
+    }
+    ran = list(cells) + [("fashion", "1gbit", 2)]
+    verdicts = {(v.workload, v.ranks, v.rate, v.target): v for v in evaluate(cells, "sketch", "dense", ran)}
+    assert verdicts["lstm", 2, "1gbit", "embedding exchange"].met is True  # 90% less
+    assert verdicts["lstm", 4, "1gbit", "embedding exchange"].met is False  # 60% less
+    assert verdicts["lstm", 2, "1gbit", "quality"].met is True  # +1%
+    assert verdicts["lstm", 4, "1gbit", "quality"].met is False  # +3%
+    assert verdicts["lstm", 4, "1gbit", "speed-up"].met is False
+    assert verdicts["fasttext", 4, "1gbit", "speed-up"].met is True  # 2x
+    assert verdicts["fasttext", 4, "1gbit", "ahead of peers"].met is False  # topk is faster
+    assert verdicts["fasttext", 4, "1gbit", "quality"].met is True  # 1% lower accuracy
+    assert verdicts["fashion", 2, "10gbit", "dense fallback"].met is None  # the sketch run failed
+    assert verdicts["fashion", 2, "1gbit", "dense fallback"].word == "not measured"  # nothing ran
+
+
+def test_report_has_every_run_failures_included_and_plots(tmp_path):
+    results = [result("lstm", "dense", rec=record(1.0, 200.0)), result("lstm", "sketch", rec=record(0.5, 210.0)),
+               result("lstm", "topk", status="failed"), result("lstm", "ddp", status="unavailable"),
+               result("lstm", "exchange-probe", runner="exchange-probe", rec={"rows": [
+                   {"label": "dense", "exchange_s": 0.4, "vs_baseline": 1.0, "bytes_sent_per_step": 1e7},
+                   {"label": "sketch", "exchange_s": 0.05, "vs_baseline": 0.125, "bytes_sent_per_step": 2e6}]})]
+    cells = outcomes(results)
+    assert cells["lstm", "1gbit", 2]["sketch"].probe_s == 0.05 and cells["lstm", "1gbit", 2]["topk"].step_s is None
+    matrix = Matrix.load(str(ROOT / "configs" / "bench.yaml")).select(workloads=["lstm"], rates=["1gbit"], ranks=[2])
+    verdicts = evaluate(cells, "sketch", "dense", [("lstm", "1gbit", 2)])
+    meta = {"command": "hvdsketch bench train", "started": "now", "load": [1.0, 2.0],
+            "machine": {"cpu": "cpu", "nproc": 2, "memory_gib": 4.0, "host": "h"}}
+    text = markdown(results, verdicts, matrix, meta)
+    rows = {line.split("|")[3].strip(): line for line in text.splitlines()
+            if line.startswith("| 1gbit") and line.count("|") == 14}  # the training table's
+    assert " 2x |" in rows["sketch"] and "+5.00%" in rows["sketch"]  # speed-up, perplexity 5% higher
+    assert "quality: MISSED" in rows["sketch"] and "embedding exchange: met" in rows["sketch"]  # 87.5% less
+    assert "failed: exit 1: boom" in rows["topk"] and "unavailable" in rows["ddp"]
+    assert "0.125x" in text  # the probe table
+    written = plots(results, matrix, tmp_path)
+    assert sorted(p.name for p in written) == ["lstm-bytes.png", "lstm-quality.png", "lstm-step.png"]
+    assert all(p.stat().st_size > 1000 for p in written)
+
+
+# --- the scaling model ----------------------------------------------------------------------------
+
+
+def test_union_growth_and_winners():
+    supports = [np.array([0, 1]), np.array([1, 2]), np.array([5]), np.array([5, 6])]
+    mean, groups = scaling.union_growth(supports, [1, 2, 4, 8], max_groups=10)
+    assert mean == {1: 1.75, 2: 2.5, 4: 5.0} and groups == {1: 4, 2: 2, 4: 1}  # 3 and 2 rows, then 5
+    s = scaling.Supports("w", "t", rows=1000, width=8, batch_size=1, per_batch=[10, 10], union={2: 20.0, 4: 40.0},
+                         groups={2: 1, 4: 1})
+    points = scaling.model(s, error=0.5, sketch_rows=1, wire=4)
+    by = {(p.ranks, p.algorithm): p.bytes_per_rank for p in points}
+    assert by[2, "dense"] == 1000 * 8 * 4 and by[2, "allgather-rows"] == 10 * (8 + 32)
+    assert by[4, "sketch"] == by[4, "sketch-oracle"]  # N k = U: no overlap, the bound is the union
+    assert scaling.winners(points)[0] == (2, 4, "allgather-rows")
+
+
+def test_a_sketch_no_smaller_than_the_tensor_is_sent_dense():
+    assert scaling.sketch_bytes(4, 100, 100, 8, error=0.5) == scaling.dense_bytes(4, 100, 8)
+    assert scaling.sketch_bytes(4, 100, 10, 8, error=0.5) < scaling.dense_bytes(4, 100, 8)
+
+
+MPI_SCRIPT = """
+import json
+import numpy as np
+from hvdsketch.bench import scaling
+from hvdsketch.collectives.mpi import MPICommunicator
+from hvdsketch.collectives.sparse import SparseVector, iblock_allreduce, ibitmap_or, isparse_allgather
+
+R, W = 1001, 6
+comm = MPICommunicator()
+rng = np.random.default_rng(comm.rank)
+k = 40 + 7 * comm.rank
+rows = rng.choice(R, k, replace=False)
+g = np.zeros((R, W), np.float32)
+g[rows] = rng.standard_normal((k, W)) + 3
+bits = np.zeros(R, bool)
+bits[rows] = True
+comm.iallreduce(g.reshape(-1), label="dense").wait()
+isparse_allgather(comm, SparseVector.from_dense(g)).wait()
+union = int(ibitmap_or(comm, bits).wait().sum())
+iblock_allreduce(comm, g, W).wait()
+cells = np.zeros(scaling.sketch_cells(comm.size * 40, W, 0.5), np.float32)
+comm.iallreduce(cells, label="sketch").wait()
+counts = comm.comm.gather(({n: c["bytes_sent"] for n, c in comm.stats.snapshot().items()}, k, union), root=0)
+if comm.rank == 0:
+    print("RESULT " + json.dumps(counts))
+"""
+
+
+@pytest.mark.skipif(not shutil.which("mpirun"), reason="needs Open MPI")
+def test_byte_formulas_match_the_mpi_counters(tmp_path):
+    script = tmp_path / "counts.py"
+    script.write_text(MPI_SCRIPT)
+    n = 3
+    cmd = ["mpirun", "--bind-to", "none", "--oversubscribe", "-np", str(n), sys.executable, str(script)]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = json.loads(done.stdout.split("RESULT ", 1)[1])
+    sent = {label: np.mean([c[0][label] for c in counts]) for label in counts[0][0]}
+    k = np.mean([c[1] for c in counts])
+    union = counts[0][2]
+    assert sent["dense"] == pytest.approx(scaling.dense_bytes(n, 1001, 6))
+    assert sent["sparse_allgather"] == pytest.approx(scaling.allgather_bytes(n, k, 6))
+    assert sent["omnireduce"] == pytest.approx(scaling.omnireduce_bytes(n, 1001, union, 6))
+    assert sent["bitmap"] + sent["sketch"] == pytest.approx(scaling.sketch_bytes(n, 1001, n * 40, 6, 0.5))
+
+
+# --- one tiny real run ----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"), reason="cluster.sh needs root, ip and tc")
+def test_bench_train_runs_a_tiny_matrix_on_the_cluster(tmp_path):
+    config = write(tmp_path, "bench.yaml", f"""\
+        rates: [1gbit]
+        ranks: [2]
+        timeout_s: 200
+        workloads:
+          fashion: {{config: {ROOT / 'configs' / 'fashion.yaml'}, epochs: 1, steps_per_epoch: 3}}
+        entries:
+          - {{label: dense, compression: none, path: horovod}}
+          - {{label: sketch, compression: "sketch:error=0.5"}}
+          - {{label: ddp, runner: hvdsketch.bench.no_such_module}}
+        """)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "hvdsketch.cli", "bench", "train", "--config", config,
+                           "--out", str(out)], capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[1/3 " in done.stdout and "[3/3 " in done.stdout  # progress
+    bench = json.loads((out / "bench.json").read_text())
+    status = {r["label"]: r["status"] for r in bench["results"]}
+    assert status == {"dense": "ok", "sketch": "ok", "ddp": "unavailable"}
+    sketch = next(r for r in bench["results"] if r["label"] == "sketch")["record"]
+    assert sketch["steps"] == 3 and sketch["bytes_sent_per_step"] > 0
+    fallback = next(t for t in bench["targets"] if t["target"] == "dense fallback")
+    assert fallback["met"] in (True, False)  # measured, whichever way it went
+    assert "| 1gbit" in (out / "bench.md").read_text() and (out / "fashion-quality.png").exists()
