@@ -41,6 +41,7 @@ class Workload(ABC):
     """
 
     name: ClassVar[str]
+    framework: ClassVar[str]  # "torch" or "tensorflow": which training loop and Horovod module it needs
     metric: ClassVar[str]  # the headline key of evaluate()
     higher_is_better: ClassVar[bool]
 

@@ -11,6 +11,7 @@ uses tf-keras (Keras 2), as Horovod 0.28.1 does with ``TF_USE_LEGACY_KERAS=1``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import tensorflow as tf
@@ -23,6 +24,7 @@ from hvdsketch.workloads.language import LanguageModelData
 @dataclass(frozen=True)
 class KerasLanguageModel(LanguageModelData):
     name = "lstm_tf"
+    framework: ClassVar[str] = "tensorflow"
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -19,6 +20,8 @@ from hvdsketch.workloads.base import Batch, Workload
 
 @dataclass(frozen=True)
 class TorchWorkload(Workload):
+    framework: ClassVar[str] = "torch"
+
     @abstractmethod
     def make_model(self) -> nn.Module:
         """The model, built under the caller's random state."""

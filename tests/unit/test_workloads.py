@@ -181,6 +181,7 @@ def test_the_keras_language_model_has_an_indexed_slices_embedding_gradient_and_l
     import tensorflow as tf
 
     work = workloads.get("lstm_tf", embed_dim=32, hidden=32, dropout=0.0)
+    assert work.framework == "tensorflow"
     model = work.build_model()
     batches = list(itertools.islice(work.train_batches(epoch=0), 2))
     assert all(isinstance(a, np.ndarray) for a in batches[0])
@@ -201,7 +202,7 @@ def test_the_keras_language_model_has_an_indexed_slices_embedding_gradient_and_l
 
 def test_flags_name_workloads_and_options_and_bad_ones_say_what_is_valid():
     work = workloads.get("lstm:bptt=20,vocab_size=12000")
-    assert (work.name, work.bptt, work.vocab_size) == ("lstm", 20, 12000)
+    assert (work.name, work.framework, work.bptt, work.vocab_size) == ("lstm", "torch", 20, 12000)
     with pytest.raises(SpecError, match="valid: fashion, fasttext, lstm, lstm_tf"):
         workloads.get("mnist")
     with pytest.raises(SpecError, match="valid: .*bptt"):
