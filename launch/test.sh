@@ -12,7 +12,7 @@ PASSED=0; FAILED=0; BAD_RUNS=0
 # count FILE: add the "N passed" / "N failed" / "N error" of a pytest summary in FILE.
 count() {
   local line p f e
-  line=$(grep -E '^=+ .*(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$1" | tail -1)
+  line=$(grep -E '(passed|failed|errors?|skipped|no tests ran).* in [0-9.]+s' "$1" 2>/dev/null | tail -1)
   p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+' || echo 0)
   f=$(grep -oE '[0-9]+ failed' <<<"$line" | grep -oE '[0-9]+' || echo 0)
   e=$(grep -oE '[0-9]+ errors?' <<<"$line" | grep -oE '[0-9]+' || echo 0)
