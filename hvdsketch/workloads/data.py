@@ -78,6 +78,7 @@ def cached(kind: str, key: Mapping[str, Any], build: Callable[[], dict[str, np.n
     try:
         with os.fdopen(fd, "wb") as out:
             np.savez(out, **arrays)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is readable like any other
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
