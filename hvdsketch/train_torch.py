@@ -108,10 +108,10 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
     steps = workload.steps_per_epoch(size)
     if config.steps_per_epoch:
         steps = min(steps, config.steps_per_epoch)
-    step_time = exchange_time = 0.0
+    exchange_time = 0.0
     exchanged = True
     done = 0
-    validation = []
+    validation, times = [], []
     start = time.perf_counter()
     for epoch in range(config.epochs):
         model.train()
@@ -121,7 +121,7 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
         for _, batch in zip(bar, batches):
             t0 = time.perf_counter()
             loss, exchange = step(batch)
-            step_time += time.perf_counter() - t0
+            times.append(time.perf_counter() - t0)
             exchanged = exchanged and exchange is not None
             exchange_time += exchange or 0.0
             done += 1
@@ -134,7 +134,7 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
     per_step = 1 / max(done, 1)
     return {"workload": str(workload), "compression": config.compression, "memory": config.memory,
             "path": config.path, "rank": rank, "size": size, "epochs": config.epochs, "steps": done,
-            "wall_s": wall, "step_s": step_time * per_step,
+            "wall_s": wall, "step_s": sum(times) * per_step, "steps_s": [round(t, 5) for t in times],
             "exchange_s": exchange_time * per_step if exchanged else None,
             "phases_s": {k: v * per_step for k, v in totals["seconds"].items()},
             "bytes_sent_per_step": totals["sent"] * per_step, "bytes_dense_per_step": totals["dense"] * per_step,

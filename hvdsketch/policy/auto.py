@@ -12,9 +12,10 @@ and on a fast link compressing may cost more time than it saves. So:
    gradient's element density (non-zero coordinates) and unit density
    (non-zero rows or blocks, :func:`~hvdsketch.policy.cost.densities`), the
    maximum over the steps.
-3. **Agree on the statistics**: one allreduce gives every rank the maximum
-   element density over ranks (what top-k must keep) and the sum of unit
-   densities (a bound on the union support a sketch must hold).
+3. **Agree on the statistics**: one allgather gives every rank every rank's
+   densities; each takes the maximum element density (what top-k must keep)
+   and the sum of unit densities (a bound on the union support a sketch must
+   hold), in the same order, so all ranks size the same candidates.
 4. **Candidates** per tensor, sized from those numbers with ``headroom``:
    ``none``; ``fp16``; ``topk`` keeping the measured density (exact while the
    gradient stays that sparse); ``sketch`` sized for the union bound at the
@@ -205,10 +206,11 @@ class AutoPolicy(Policy):
     def _decide(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], traced: bool) -> None:
         side, link = self._side, self._link
         ops = backend(values_of(tensors[0]))
-        stats = [self._window.get(ctx.name, (1.0, 1.0)) for ctx in contexts]
-        element, unit = side.reduce([Message(ops.constant([s[0] for s in stats], "float64"), "max"),
-                                     Message(ops.constant([s[1] for s in stats], "float64"), "average")])
-        element, union = ops.to_numpy(element), ops.to_numpy(unit) * side.size
+        stats = [x for ctx in contexts for x in self._window.get(ctx.name, (1.0, 1.0))]
+        (gathered,) = side.reduce([Message(ops.constant(stats, "float64"), "allgather")])
+        # every rank reduces the same gathered numbers in the same order: the same candidates everywhere
+        per_rank = ops.to_numpy(gathered).reshape(side.size, len(contexts), 2)
+        element, union = per_rank[..., 0].max(axis=0), per_rank[..., 1].sum(axis=0)
         options = [self.candidates(ctx.shape, ops.dtype_name(values_of(t)), float(e), float(u), traced)
                    for t, ctx, e, u in zip(tensors, contexts, element, union)]
         local = [[measure(c, t, ctx) for c in cands] for t, ctx, cands in zip(tensors, contexts, options)]
