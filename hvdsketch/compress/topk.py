@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import sparse
 from hvdsketch.compress.base import Compressor, Message, TensorContext
+from hvdsketch.compress.sketch import RowSparse
 from hvdsketch.ops import backend
 
 
@@ -18,13 +19,17 @@ class TopK(Compressor):
     (the ``top_k`` operator of Stich et al. 2018, Sec. 2); every rank receives
     all ranks' pairs and averages them (:mod:`hvdsketch.compress.sparse`). The
     operator is biased; with error feedback (a residual memory passed to
-    ``exchange``) what is dropped is sent later. ``ratio=1`` is exact.
+    ``exchange``) what is dropped is sent later. ``ratio=1`` is exact. A row-sparse
+    gradient (an embedding's) is selected from its rows without densifying it: its
+    other coordinates are zeros, which top-k never needs (when ``k`` exceeds its
+    non-zeros, all of them are sent).
 
     Options (flag ``topk:ratio=0.01``):
       ratio   fraction of coordinates kept, in (0, 1] (default 0.01)
     """
 
     name: ClassVar[str] = "topk"
+    row_sparse: ClassVar[bool] = True
 
     ratio: float = 0.01
 
@@ -32,9 +37,19 @@ class TopK(Compressor):
         sparse.check_fraction("ratio", self.ratio)
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
+        k = sparse.count(self.ratio, math.prod(ctx.shape))
+        if isinstance(tensor, RowSparse):
+            ops = backend(tensor.values)
+            rows, values = ops.coalesce_rows(tensor.indices, tensor.values)
+            row_len = math.prod(ctx.shape[1:])
+            coords, flat = ops.outer_add(rows * row_len, ops.arange(row_len)), ops.flatten(values)
+            if k >= ops.shape(flat)[0]:
+                return sparse.messages(ops, coords, flat), None
+            chosen = ops.topk_abs(flat, k)
+            return sparse.messages(ops, ops.gather(coords, chosen), ops.gather(flat, chosen)), None
         ops = backend(tensor)
         flat = ops.flatten(tensor)
-        indices = ops.topk_abs(flat, sparse.count(self.ratio, math.prod(ctx.shape)))
+        indices = ops.topk_abs(flat, k)
         return sparse.messages(ops, indices, ops.gather(flat, indices)), None
 
     def decompress(self, reduced: Sequence[Any], state: Any, ctx: TensorContext) -> Any:

@@ -69,7 +69,7 @@ class AutoOptions:
 
       bandwidth      link bandwidth per rank (``1gbit``, ``100mbit``); default: probed
       latency        seconds one collective costs (``50us``, ``1ms``); default: probed
-      warmup         dense steps observed before deciding (default 5)
+      warmup         dense steps observed before deciding (default 3)
       replan         decide again every this many steps, from the steps just before (default 0: never)
       powersgd_rank  rank of the PowerSGD candidate (default 4)
       error          relative L2 error target of the sketch candidate (default 0.5)
@@ -81,7 +81,7 @@ class AutoOptions:
 
     bandwidth: str | None = None
     latency: str | None = None
-    warmup: int = 5
+    warmup: int = 3
     replan: int = 0
     powersgd_rank: int = 4
     error: float = 0.5
