@@ -62,7 +62,7 @@ def _exchangers(entries: list[Any], param: Any, name: str, hvd: Any) -> dict[str
                 grad = param.grad
                 if not grad.is_sparse:
                     raise ValueError(f"hvdsketch bench exchange: {name} has a dense gradient; nothing to allgather")
-                hvd.synchronize(hvd.sparse_allreduce_async(grad, name=f"probe.{name}", op=hvd.Average))
+                hvd.sparse_allreduce_async(grad, name=f"probe.{name}", op=hvd.Average)()  # a callable handle
                 local = grad._indices().nbytes + grad._values().nbytes
                 stats.record("allgather", (hvd.size() - 1) * local, (hvd.size() - 1) * local)
 

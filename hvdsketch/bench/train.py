@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdsketch.bench import report
-from hvdsketch.bench.matrix import Job, Matrix
+from hvdsketch.bench.matrix import TRAIN, Job, Matrix
 from hvdsketch.bench.targets import Outcome, Verdict, evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ def run_job(job: Job, out: Path, timeout: float, matrix: Matrix) -> Result:
     run_dir = out / "runs" / job.key
     for old in run_dir.glob("*.json"):
         old.unlink()
-    probe_entries = [e for e in matrix.for_workload(job.workload.name) if e.runner == "train"]
+    probe_entries = [e for e in matrix.for_workload(job.workload.name) if e.runner == TRAIN]
     command = [str(CLUSTER), "--rate", job.rate, "-np", str(job.ranks), "--", *job.command(run_dir, probe_entries)]
     start = time.time()
     with open(run_dir / "log.txt", "w") as log:
