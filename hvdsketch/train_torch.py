@@ -47,7 +47,7 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
     def report() -> dict[str, Any]:
         r = optimizer.report()
         return {"sent": r["bytes_sent"], "dense": r["bytes_dense_allreduce"], "seconds": r["seconds"],
-                "assignment": r["assignment"]}
+                "assignment": r["assignment"], "residual_bytes": r["residual_bytes"]}
     return optimizer, report
 
 
@@ -138,6 +138,7 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
             "exchange_s": exchange_time * per_step if exchanged else None,
             "phases_s": {k: v * per_step for k, v in totals["seconds"].items()},
             "bytes_sent_per_step": totals["sent"] * per_step, "bytes_dense_per_step": totals["dense"] * per_step,
-            "assignment": totals.get("assignment"),
+            "assignment": totals.get("assignment"), "residual_bytes": totals.get("residual_bytes", 0),
+            "model_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "validation": validation, "config": dataclasses.asdict(config),
             "environment": environment()}

@@ -103,6 +103,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "assignment": None if table is None else [row.to_dict() for row in table],
                 "bytes_dense_allreduce": dense, "ratio": dense / sent if sent else float("nan"),
                 "seconds": dict(self._communicator.stats.seconds),
+                "residual_bytes": 0 if self._memory is None else self._memory.nbytes() + self._memory.host_nbytes(),
                 "collectives": self._communicator.stats.snapshot()}
 
 
