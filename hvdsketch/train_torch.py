@@ -92,10 +92,24 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
 
 
 def clip(config: TrainConfig, model: torch.nn.Module) -> None:
-    """Clip the dense gradients' global norm to ``config.clip``, if set."""
-    if config.clip:
-        dense = [p for p in model.parameters() if p.grad is not None and not p.grad.is_sparse]
-        torch.nn.utils.clip_grad_norm_(dense, config.clip)
+    """Scale all gradients so that their global L2 norm is at most ``config.clip``, if set.
+
+    A sparse gradient counts by its values (coalesced, so repeated rows are summed first), so the
+    result does not depend on whether the exchange handed an embedding's gradient back sparse
+    (sketch, Horovod's allgather) or dense (dense allreduce, DDP): every entry of a benchmark
+    clips the same way (``torch.nn.utils.clip_grad_norm_`` takes no sparse gradients)."""
+    if not config.clip:
+        return
+    grads = []
+    for p in model.parameters():
+        if p.grad is not None:
+            if p.grad.is_sparse:
+                p.grad = p.grad.coalesce()
+            grads.append(p.grad._values() if p.grad.is_sparse else p.grad)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    scale = torch.clamp(config.clip / (norm + 1e-6), max=1.0)  # clip_grad_norm_'s epsilon
+    for g in grads:
+        g.mul_(scale)
 
 
 def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
