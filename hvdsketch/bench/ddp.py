@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
             return {"sent": sent, "dense": full * done, "seconds": {}}
 
         record = fit(config, workload, model, step, rank, size, report)
+        dist.barrier()  # rank 0 validates last: no rank tears gloo down under another's feet
         record["path"] = "ddp"
         record["ddp"] = {"hook": hook, "rank": approximation_rank, "start_iter": start_iter,
                          "bucket_cap_mb": args.bucket_cap_mb or whole, "backend": "gloo"}

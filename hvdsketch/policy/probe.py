@@ -3,8 +3,9 @@
 Every rank times allreduces of a tiny tensor and of a few megabytes through
 the communicator the gradients will use, all ranks at once, so the probe sees
 the link as training will: shared by all ranks, with the collective library's
-own overheads. With ``t_s`` and ``t_b`` the best times of the small and the
-big allreduce of ``b`` bytes::
+own overheads. With ``t_s`` and ``t_b`` the median times of the small and the
+big allreduce of ``b`` bytes (the median, not the best: on a busy machine a
+step meets the typical collective, not the luckiest)::
 
     latency   = t_s
     bandwidth = 2 (N-1)/N * b / (t_b - t_s)        (bytes one rank sends per second)
@@ -14,6 +15,7 @@ One untimed round of each first lets the library negotiate and allocate.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any
 
@@ -32,16 +34,16 @@ def probe(communicator: Communicator, like: Any, nbytes: int = PROBE_BYTES, repe
     small = ops.to_device(ops.zeros(1, "float32"), like)
     big = ops.to_device(ops.zeros(max(1, nbytes // 4), "float32"), like)
 
-    def best(tensor: Any) -> float:
+    def typical(tensor: Any) -> float:
         times = []
         for _ in range(repeats + 1):  # the first is untimed
             start = time.perf_counter()
             ops.to_numpy(communicator.reduce([Message(tensor, "average")])[0])
             times.append(time.perf_counter() - start)
-        return min(times[1:])
+        return statistics.median(times[1:])
 
-    latency = best(small)
+    latency = typical(small)
     if communicator.size == 1:
         return Link(latency, math.inf)  # nothing goes on a wire
-    transfer = max(best(big) - latency, 1e-9)
+    transfer = max(typical(big) - latency, 1e-9)
     return Link(latency, wire_bytes("average", ops.nbytes(big), communicator.size) / transfer)
