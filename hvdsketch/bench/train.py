@@ -22,9 +22,11 @@ the baseline; the probed tensor's exchange; the targets of
 against training time, of bytes per step and of step time. ``bench.json`` is
 rewritten after every run; ``--resume`` keeps the runs that succeeded there.
 
-Times are those of the record: ``step`` is the mean wall time of a training
-step (forward, backward, exchange, update; without validation), ``exchange``
-the mean time spent waiting in the optimizer's ``synchronize()``. Horovod's
+Times are those of the record: ``step`` is the median wall time of a training
+step (forward, backward, exchange, update; without validation; the mean where
+a record lists no steps), ``exchange`` the mean time spent waiting in the
+optimizer's ``synchronize()``, ``codec`` the mean compress + decompress time,
+``load`` the 1-minute load average when the run ended. Horovod's
 own optimizer (``path: horovod``) starts its allreduces during the backward
 pass, so its exchange column shows only what the backward pass did not hide;
 compare step times across paths.
@@ -36,6 +38,7 @@ import json
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -162,6 +165,13 @@ def quality(record: dict[str, Any]) -> tuple[str, float, bool] | None:
     return next(((k, float(last[k]), up) for k, up in QUALITY if k in last), None)
 
 
+def step_seconds(record: dict[str, Any]) -> float:
+    """A run's typical step: the median of its steps where the record lists them (robust to the
+    spikes of a shared machine and to the first step's one-off costs), else the mean."""
+    steps = record.get("steps_s")
+    return statistics.median(steps) if steps else record["step_s"]
+
+
 def outcomes(results: list[Result]) -> dict[tuple[str, str, int], dict[str, Outcome]]:
     """Per cell and entry label: step time, quality and probed exchange time, for the targets."""
     cells: dict[tuple[str, str, int], dict[str, Outcome]] = {}
@@ -173,7 +183,7 @@ def outcomes(results: list[Result]) -> dict[tuple[str, str, int], dict[str, Outc
         cell = (r.workload, r.rate, r.ranks)
         q = quality(r.record) if r.ok else None
         cells.setdefault(cell, {})[r.label] = Outcome(
-            r.record["step_s"] if r.ok else None, q[1] if q else None, q[2] if q else True,
+            step_seconds(r.record) if r.ok else None, q[1] if q else None, q[2] if q else True,
             probes.get(cell, {}).get(r.label))
     return cells
 
@@ -186,7 +196,7 @@ def _training_rows(results: list[Result], baseline: str, subject: str,
                    verdicts: list[Verdict]) -> tuple[list[str], list[list[str]]]:
     metric = next((q[0] for r in results if r.ok and (q := quality(r.record))), "quality")
     headers = ["rate", "ranks", "entry", "status", "step ms", "speed-up", "exchange ms", "codec ms",
-               "MB/step", "dense/sent", metric, "vs dense", "target"]
+               "MB/step", "dense/sent", metric, "vs dense", "load", "target"]
     base = {(r.rate, r.ranks): r for r in results if r.label == baseline and r.ok}
     rows = []
     for r in results:
@@ -194,7 +204,7 @@ def _training_rows(results: list[Result], baseline: str, subject: str,
         mine = [v for v in verdicts if (v.workload, v.rate, v.ranks) == (r.workload, r.rate, r.ranks)]
         target = ", ".join(f"{v.target}: {v.word}" for v in mine) if r.label == subject else ""
         if not r.ok:
-            rows.append(cell + [f"{r.status}: {r.message}"[:80]] + ["-"] * 8 + [target])
+            rows.append(cell + [f"{r.status}: {r.message}"[:80]] + ["-"] * 8 + [_load(r), target])
             continue
         rec, b = r.record, base.get((r.rate, r.ranks))
         phases = rec.get("phases_s") or {}
@@ -202,12 +212,16 @@ def _training_rows(results: list[Result], baseline: str, subject: str,
         q, bq = quality(rec), quality(b.record) if b else None
         delta = f"{100 * (q[1] / bq[1] - 1):+.2f}%" if q and bq else "-"
         sent, dense = rec["bytes_sent_per_step"], rec["bytes_dense_per_step"]
-        rows.append(cell + ["ok", _ms(rec["step_s"]),
-                            report.number(b.record["step_s"] / rec["step_s"], 3, "x") if b else "-",
+        rows.append(cell + ["ok", _ms(step_seconds(rec)),
+                            report.number(step_seconds(b.record) / step_seconds(rec), 3, "x") if b else "-",
                             _ms(rec.get("exchange_s")), _ms(codec), report.number(sent / 1e6, 4),
                             report.number(dense / sent if sent else None, 3, "x"),
-                            report.number(q[1] if q else None, 4), delta, target])
+                            report.number(q[1] if q else None, 4), delta, _load(r), target])
     return headers, rows
+
+
+def _load(r: Result) -> str:
+    return report.number(r.load[-1] if r.load else None, 2)
 
 
 def _probe_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
@@ -260,7 +274,7 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
             rec, q = r.record, quality(r.record)
             if q is None:
                 continue
-            per_epoch = rec["step_s"] * rec["steps"] / max(len(rec["validation"]), 1)
+            per_epoch = step_seconds(rec) * rec["steps"] / max(len(rec["validation"]), 1)
             panels.setdefault(f"{r.rate}, {r.ranks} ranks", {})[r.label] = [
                 (per_epoch * (i + 1), v[q[0]]) for i, v in enumerate(rec["validation"])]
         metric = next(q[0] for r in ran if (q := quality(r.record)))
@@ -268,12 +282,12 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
         report.line_plot(panels, str(path), f"{w.name}: validation {metric} against training time",
                          "training time (s): steps x step time", metric)
         written.append(path)
-        for name, value, unit, log in (("bytes", "bytes_sent_per_step", "MB sent per step and rank", True),
-                                       ("step", "step_s", "step time (s)", False)):
+        for name, value, unit, log in (("bytes", lambda rec: rec["bytes_sent_per_step"] / 1e6,
+                                        "MB sent per step and rank", True),
+                                       ("step", step_seconds, "median step time (s)", False)):
             groups: dict[str, dict[str, float]] = {}
             for r in ran:
-                scale = 1e-6 if name == "bytes" else 1.0
-                groups.setdefault(f"{r.rate}, {r.ranks} ranks", {})[r.label] = r.record[value] * scale
+                groups.setdefault(f"{r.rate}, {r.ranks} ranks", {})[r.label] = value(r.record)
             path = out / f"{w.name}-{name}.png"
             report.bar_plot(groups, str(path), f"{w.name}: {unit}", unit, log=log)
             written.append(path)
@@ -326,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{i}/{len(jobs)} {_clock(time.time() - began)}] {job.key} ...", flush=True)
             results.append(run_job(job, out, matrix.timeout_s, matrix))
             r = results[-1]
-            detail = (f"step {1e3 * r.record['step_s']:.0f} ms" if r.ok and "step_s" in r.record
+            detail = (f"step {1e3 * step_seconds(r.record):.0f} ms" if r.ok and "step_s" in r.record
                       else r.message[:160] if not r.ok else "")
             print(f"    {r.status} in {r.seconds:.0f} s, load {r.load[-1]:.1f}; {detail}", flush=True)
             meta["load"] = meta["load"][:1] + [os.getloadavg()[0]]
