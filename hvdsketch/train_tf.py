@@ -80,7 +80,7 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
             loss = float(train_step(*batch))
             step_time += time.perf_counter() - t0
             done += 1
-            bar.set_postfix(loss=f"{loss:.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         if rank == 0:
             validation.append(workload.evaluate(model))
             print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in validation[-1].items()), flush=True)

@@ -139,7 +139,7 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
             exchanged = exchanged and exchange is not None
             exchange_time += exchange or 0.0
             done += 1
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         if rank == 0:
             validation.append(workload.evaluate(model))
             print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in validation[-1].items()), flush=True)

@@ -38,6 +38,8 @@ class TopK(Compressor):
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
         k = sparse.count(self.ratio, math.prod(ctx.shape))
+        if isinstance(tensor, RowSparse) and backend(tensor.values).is_symbolic(tensor.values):
+            tensor = tensor.to_dense()  # inside tf.function the row count is known only at run time
         if isinstance(tensor, RowSparse):
             ops = backend(tensor.values)
             rows, values = ops.coalesce_rows(tensor.indices, tensor.values)
