@@ -47,6 +47,9 @@ class _DistributedGradientTape(tf.GradientTape):
         self._communicator = communicator
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
+        if self._memory is not None and not tf.executing_eagerly():
+            raise ValueError("hvdsketch: residual memory keeps its state in Python, which tf.function would "
+                             "freeze at tracing; run the training step eagerly, or without memory=")
         grads = super(self.__class__, self).gradient(target, sources, output_gradients, **kwargs)
         flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads)
         names = [getattr(s, "name", f"source.{i}").removesuffix(":0") for i, s in enumerate(flat_sources)]
