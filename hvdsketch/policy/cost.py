@@ -100,7 +100,7 @@ class Measurement:
         return link.seconds(self.wire, self.calls) + self.compute
 
 
-def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: int = 2) -> Measurement:
+def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: int = 5) -> Measurement:
     """Run ``compressor``'s whole exchange of ``tensor`` locally (each round's reduction over this
     rank alone), the best of ``repeats`` timings (the first also pays one-off costs such as
     allocations), and count the bytes its messages would put on the wire over ``ctx.world_size``
