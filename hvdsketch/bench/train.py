@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -138,12 +139,17 @@ def run_job(job: Job, out: Path, timeout: float, matrix: Matrix) -> Result:
     if code is None:
         result.status, result.message = "timeout", f"killed after {timeout:.0f} s"
     elif code != 0 or not records:
-        tail = (run_dir / "log.txt").read_text().strip().splitlines()[-3:]
-        result.status = "failed"
-        result.message = f"exit {code}: " + " / ".join(line.strip()[-200:] for line in tail)
+        result.status, result.message = "failed", f"exit {code}: {_why((run_dir / 'log.txt').read_text())}"
     else:
         result.record = json.loads(records[-1].read_text())
     return result
+
+
+def _why(log: str) -> str:
+    """The first Python exception a log reports (every rank prints the same one), else its last lines."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Exit)\b.*:", line)]
+    return (raised[0] if raised else " / ".join(lines[-3:]))[:300]
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -14,7 +14,7 @@ import pytest
 from hvdsketch.bench import report, scaling
 from hvdsketch.bench.matrix import Entry, Matrix
 from hvdsketch.bench.targets import Outcome, evaluate
-from hvdsketch.bench.train import Result, markdown, outcomes, plots
+from hvdsketch.bench.train import Result, _why, markdown, outcomes, plots
 from hvdsketch.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,6 +179,13 @@ def test_report_has_every_run_failures_included_and_plots(tmp_path):
     written = plots(results, matrix, tmp_path)
     assert sorted(p.name for p in written) == ["lstm-bytes.png", "lstm-quality.png", "lstm-step.png"]
     assert all(p.stat().st_size > 1000 for p in written)
+
+
+def test_a_failed_run_is_explained_by_its_exception():
+    log = ("Traceback (most recent call last):\n  File x\nFloatingPointError: gradient 'w' is NaN\n"
+           "FloatingPointError: gradient 'w' is NaN\n-----\nmpirun detected that one or more processes exited\n")
+    assert _why(log) == "FloatingPointError: gradient 'w' is NaN"
+    assert _why("a\nb\nc\nd\n") == "b / c / d"
 
 
 # --- the scaling model ----------------------------------------------------------------------------
