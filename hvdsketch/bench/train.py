@@ -305,10 +305,20 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
 
 def _write(out: Path, meta: dict[str, Any], results: list[Result], matrix: Matrix) -> list[Verdict]:
     cells = [(w.name, rate, n) for w in matrix.workloads for rate in matrix.rates for n in matrix.ranks]
+    cells += sorted({(r.workload, r.rate, r.ranks) for r in results} - set(cells))  # carried by --resume
     verdicts = evaluate(outcomes(results), matrix.subject, matrix.baseline, cells)
     (out / "bench.json").write_text(json.dumps(
         {**meta, "results": [asdict(r) for r in results], "targets": [asdict(v) for v in verdicts]}, indent=1))
     return verdicts
+
+
+def carried(before: list[Result], jobs: list[Job], report_only: bool = False) -> tuple[list[Result], dict[str, Result]]:
+    """What a resumed run takes from the earlier ``bench.json``: its results outside this selection
+    (another rate, say), kept as they are, and by key those inside it that need no new run (the
+    successful ones; every one for ``--report-only``)."""
+    keys = {j.key for j in jobs}
+    return ([r for r in before if r.key not in keys],
+            {r.key: r for r in before if r.key in keys and (r.ok or report_only)})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -323,12 +333,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{i}/{len(jobs)}] {job.key}")
         return 0
     earlier = json.loads((out / "bench.json").read_text()) if (args.resume or args.report_only) else {}
-    kept = {r["key"]: Result(**r) for r in earlier.get("results", []) if r["status"] == "ok" or args.report_only}
+    others, kept = carried([Result(**r) for r in earlier.get("results", [])], jobs, args.report_only)
     if args.report_only:
         results = [kept[j.key] for j in jobs if j.key in kept]
         meta = {k: v for k, v in earlier.items() if k not in ("results", "targets")}
     else:
-        results = []
+        results = others
         meta = {"command": shlex.join(["hvdsketch", "bench", "train", *sys.argv[sys.argv.index("train") + 1:]]
                                       if "train" in sys.argv else sys.argv),
                 "machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "load": [os.getloadavg()[0]],

@@ -14,7 +14,7 @@ import pytest
 from hvdsketch.bench import report, scaling
 from hvdsketch.bench.matrix import Entry, Matrix
 from hvdsketch.bench.targets import Outcome, evaluate
-from hvdsketch.bench.train import Result, _why, markdown, outcomes, plots
+from hvdsketch.bench.train import Result, _why, carried, markdown, outcomes, plots
 from hvdsketch.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,6 +179,15 @@ def test_report_has_every_run_failures_included_and_plots(tmp_path):
     written = plots(results, matrix, tmp_path)
     assert sorted(p.name for p in written) == ["lstm-bytes.png", "lstm-quality.png", "lstm-step.png"]
     assert all(p.stat().st_size > 1000 for p in written)
+
+
+def test_resume_keeps_what_succeeded_and_everything_outside_the_selection(bench_config):
+    jobs = Matrix.load(bench_config).select(workloads=["fashion"], rates=["1gbit"], ranks=[2]).jobs()
+    done, broke, elsewhere = (result("fashion", jobs[0].label), result("fashion", jobs[1].label, status="failed"),
+                              result("fashion", "dense", rate="10gbit"))
+    others, kept = carried([done, broke, elsewhere], jobs)
+    assert others == [elsewhere] and kept == {done.key: done}  # the failed run runs again
+    assert carried([done, broke, elsewhere], jobs, report_only=True)[1] == {done.key: done, broke.key: broke}
 
 
 def test_a_failed_run_is_explained_by_its_exception():
