@@ -24,13 +24,16 @@ the union; or, with the ``density`` option, it is fixed in advance as
 ``density * units``, which keeps the exchange to a single allreduce (Horovod's
 drop-in path, ``tf.function``). When sketch plus bitmap would not be smaller
 than the tensor, the tensor is sent dense; both sizings use numbers every rank
-shares, so every rank makes the same choice.
+shares, so every rank makes the same choice. A tensor the agreed bound sends
+dense is sent dense without counting until its ``recheck``-th exchange from
+then (every rank counts the same exchanges), so a dense-gradient model pays
+the count round once in ``recheck`` steps, not every step.
 
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
@@ -103,6 +106,8 @@ class SparseSketch(Compressor):
       ratio    if set, size the sketch as this fraction of the tensor instead
       block    elements per support unit for vectors (default 256)
       seed     base hash seed, equal on every rank (default 0)
+      recheck  with density unset: a tensor the ranks found dense is sent dense without
+               counting until every recheck-th exchange (default 16; 1: count every time)
     """
 
     name: ClassVar[str] = "sketch"
@@ -114,6 +119,9 @@ class SparseSketch(Compressor):
     ratio: float | None = None
     block: int = 256
     seed: int = 0
+    recheck: int = 16
+    #: tensor name -> exchanges left that go dense without counting (equal on every rank)
+    _dense_for: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.rows < 1:
@@ -126,6 +134,8 @@ class SparseSketch(Compressor):
             raise ValueError("ratio must be in (0, 1]")
         if self.block < 1:
             raise ValueError("block must be >= 1")
+        if self.recheck < 1:
+            raise ValueError("recheck must be >= 1")
 
     @property
     def drop_in(self) -> bool:  # type: ignore[override]
@@ -139,6 +149,10 @@ class SparseSketch(Compressor):
             return (yield from super().exchange(tensor, ctx, memory))
         if memory is not None:
             tensor = memory.compensate(ctx.name, tensor)
+        left = self._dense_for.pop(ctx.name, 0)
+        if left > 1:
+            self._dense_for[ctx.name] = left - 1
+            return (yield from self.send(tensor, ctx, memory, plan=None))
         layout = Layout.of(ctx.shape, self.block)
         ops, support, _, _ = self._nonzeros(tensor, layout)
         if ops.is_symbolic(support):
@@ -146,7 +160,10 @@ class SparseSketch(Compressor):
                              "give it a fixed bound, e.g. sketch:density=0.05")
         (mean,) = yield [Message(ops.constant([ops.shape(support)[0]], "float64"), "average")]
         bound = round(float(ops.to_numpy(mean)[0]) * ctx.world_size)
-        return (yield from self.send(tensor, ctx, memory, plan=self.plan(ctx.shape, min(bound, layout.units))))
+        plan = self.plan(ctx.shape, min(bound, layout.units))
+        if plan is None and self.recheck > 1:
+            self._dense_for[ctx.name] = self.recheck
+        return (yield from self.send(tensor, ctx, memory, plan=plan))
 
     def plan(self, shape: Sequence[int], units_bound: int | None = None) -> SketchPlan | None:
         """The sketch for a tensor of ``shape`` whose union has at most ``units_bound`` non-zero
@@ -189,13 +206,13 @@ class SparseSketch(Compressor):
         """Bitmap and sketch cells (or the dense tensor when ``plan`` is ``None``); ``plan`` defaults
         to the one fixed by the options."""
         plan = self.plan(ctx.shape) if plan == "fixed" else plan
+        row_sparse = isinstance(tensor, RowSparse)
+        if plan is None:
+            dense = tensor.to_dense() if row_sparse else tensor
+            return [Message(backend(dense).flatten(dense), "average")], (plan, row_sparse)
         layout = Layout.of(ctx.shape, self.block)
         ops, support, coords, values = self._nonzeros(tensor, layout)
-        row_sparse = isinstance(tensor, RowSparse)
         dtype = ops.dtype_name(values)
-        if plan is None:
-            dense = ops.scatter(layout.numel, coords, values) if row_sparse else ops.flatten(tensor)
-            return [Message(dense, "average")], (plan, row_sparse)
         hashes = self.hashes(plan, ctx)
         cells = ops.concat([ops.scatter_add(plan.cols, hashes.bucket(ops, j, coords),
                                             hashes.sign(ops, j, coords, dtype) * values)

@@ -159,6 +159,45 @@ def reduce_across(per_rank):
     return out
 
 
+def exchange_across(compressors, tensors, ctx):
+    """One exchange of ``tensors`` (one per simulated rank, each with its own compressor): the
+    rounds' message sizes and every rank's result."""
+    gens = [c.exchange(t, ctx) for c, t in zip(compressors, tensors)]
+    messages, rounds = [next(g) for g in gens], []
+    while True:
+        rounds.append([m.tensor.size for m in messages[0]])
+        reduced = reduce_across(messages)
+        messages, outs = [], []
+        for g in gens:
+            try:
+                messages.append(g.send(reduced))
+            except StopIteration as done:
+                outs.append(done.value)
+        if outs:
+            return rounds, outs
+
+
+def test_a_tensor_found_dense_is_counted_again_only_every_recheck_exchanges():
+    """After a count that sends a tensor dense, the next recheck-1 exchanges send it dense at once
+    (one round, no count); the recheck-th counts again and a now sparse tensor is sketched."""
+    rng = np.random.default_rng(0)
+    dense = [rng.standard_normal((3000, 50)).astype(np.float32) for _ in range(2)]
+    sparse = [sparse_rows(r, shape=(3000, 50), rows=10) for r in range(2)]
+    ranks = [create("sketch:error=0.5,recheck=3") for _ in range(2)]
+    ctx = TensorContext("w", (3000, 50), step=1, world_size=2)
+    assert exchange_across(ranks, dense, ctx)[0] == [[1], [150000]]  # counted, sent dense
+    for tensors in (dense, sparse):  # not counted: dense, even when sparse
+        rounds, outs = exchange_across(ranks, tensors, ctx)
+        assert rounds == [[150000]]
+        np.testing.assert_allclose(outs[0], np.mean(tensors, axis=0), rtol=1e-6)
+    assert exchange_across(ranks, sparse, ctx)[0] == [[1], [3000 // 8, 4000]]  # counted: 20 rows x 50 / 0.5^2
+    every_time = [create("sketch:error=0.5,recheck=1") for _ in range(2)]
+    for _ in range(2):
+        assert exchange_across(every_time, dense, ctx)[0] == [[1], [150000]]
+    with pytest.raises(ValueError, match="recheck"):
+        create("sketch:recheck=0")
+
+
 def test_agreed_sizing_sends_dense_tensors_dense_and_sparse_ones_sketched():
     """Unset density: one extra averaging round of non-zero counts sizes the sketch (2 simulated ranks),
     and the bitmap then travels packed, 8 units per byte, OR-reduced."""
@@ -169,7 +208,7 @@ def test_agreed_sizing_sends_dense_tensors_dense_and_sparse_ones_sketched():
     sparse = [sparse_rows(r, shape=(3000, 50), rows=10) for r in range(2)]
     for tensors, expect_dense in ((dense, True), (sparse, False)):
         ctx = TensorContext("w", tensors[0].shape, step=1, world_size=2)
-        gens = [sketch.exchange(t, ctx) for t in tensors]
+        gens = [create("sketch:error=0.5").exchange(t, ctx) for t in tensors]  # a compressor per rank
         counts = [next(g) for g in gens]
         assert [float(m[0].tensor[0]) for m in counts] == [float(np.any(t != 0, axis=1).sum()) for t in tensors]
         payloads = [g.send(reduce_across(counts)) for g in gens]
