@@ -198,8 +198,7 @@ def _ms(seconds: float | None) -> str:
     return report.number(None if seconds is None else 1e3 * seconds, 4)
 
 
-def _training_rows(results: list[Result], baseline: str, subject: str,
-                   verdicts: list[Verdict]) -> tuple[list[str], list[list[str]]]:
+def _training_rows(results: list[Result], baseline: str, verdicts: list[Verdict]) -> tuple[list[str], list[list[str]]]:
     metric = next((q[0] for r in results if r.ok and (q := quality(r.record))), "quality")
     headers = ["rate", "ranks", "entry", "status", "step ms", "speed-up", "exchange ms", "codec ms",
                "MB/step", "dense/sent", metric, "vs dense", "load", "target"]
@@ -208,7 +207,7 @@ def _training_rows(results: list[Result], baseline: str, subject: str,
     for r in results:
         cell = [r.rate, str(r.ranks), r.label]
         mine = [v for v in verdicts if (v.workload, v.rate, v.ranks) == (r.workload, r.rate, r.ranks)]
-        target = ", ".join(f"{v.target}: {v.word}" for v in mine) if r.label == subject else ""
+        target = ", ".join(f"{v.target}: {v.word}" for v in mine if v.subject == r.label)
         if not r.ok:
             rows.append(cell + [f"{r.status}: {r.message}"[:80]] + ["-"] * 8 + [_load(r), target])
             continue
@@ -257,14 +256,15 @@ def markdown(results: list[Result], verdicts: list[Verdict], matrix: Matrix, met
         if not training:
             continue
         parts.append(f"### {w.name}: {w.epochs} epoch(s) x {w.steps_per_epoch} steps per run "
-                     f"(`{w.config}`)\n\n" + report.markdown(*_training_rows(training, matrix.baseline, matrix.subject, verdicts)))
+                     f"(`{w.config}`)\n\n" + report.markdown(*_training_rows(training, matrix.baseline, verdicts)))
         if any(r.runner == "exchange-probe" for r in mine):
             parts.append(f"Exchange of `{w.probe}` alone, median of {w.probe_steps} real gradients, slowest rank:\n\n"
                          + report.markdown(*_probe_rows(mine)))
     if verdicts:
-        parts.append(f"### Targets ({matrix.subject} against {matrix.baseline})\n\n" + report.markdown(
-            ["workload", "rate", "ranks", "target", "required", "measured", "verdict"],
-            [[v.workload, v.rate, str(v.ranks), v.target, v.required, v.measured, v.word] for v in verdicts]))
+        parts.append(f"### Targets (against {matrix.baseline} unless they say otherwise)\n\n" + report.markdown(
+            ["workload", "rate", "ranks", "entry", "target", "required", "measured", "verdict"],
+            [[v.workload, v.rate, str(v.ranks), v.subject, v.target, v.required, v.measured, v.word]
+             for v in verdicts]))
     return "\n\n".join(parts) + "\n"
 
 

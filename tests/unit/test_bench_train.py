@@ -157,6 +157,26 @@ def test_targets_are_met_missed_or_not_measured():
     assert verdicts["fashion", 2, "1gbit", "dense fallback"].word == "not measured"  # nothing ran
 
 
+def test_auto_targets_compare_with_their_own_rivals():
+    cells = {
+        ("lstm", "1gbit", 2): {"dense": Outcome(1.0, 100.0, False), "auto": Outcome(0.5, 101.0, False),
+                               "ddp-powersgd": Outcome(0.6, 100.0, False)},
+        ("lstm", "1gbit", 4): {"dense": Outcome(1.0, 100.0, False), "auto": Outcome(0.7, 104.0, False),
+                               "ddp-powersgd": Outcome(0.6, 100.0, False)},
+        ("lstm", "none", 2): {"dense": Outcome(1.0, 100.0, False), "auto": Outcome(1.06, 100.0, False)},
+        ("fashion", "1gbit", 2): {"dense": Outcome(1.0, 0.8, True), "auto": Outcome(0.83, 0.8, True),
+                                  "ddp-powersgd": Outcome(0.8, 0.8, True)},
+    }
+    verdicts = {(v.subject, v.workload, v.ranks, v.rate, v.target): v for v in evaluate(cells, "sketch", "dense", cells)}
+    assert verdicts["auto", "lstm", 2, "1gbit", "auto vs DDP+PowerSGD"].met is True
+    assert verdicts["auto", "lstm", 4, "1gbit", "auto vs DDP+PowerSGD"].met is False  # 0.7 s vs 0.6 s
+    assert verdicts["auto", "lstm", 4, "1gbit", "auto quality"].met is False  # 4% worse perplexity
+    assert verdicts["auto", "lstm", 2, "none", "auto unshaped"].met is False  # 6% slower than dense
+    fashion = verdicts["auto", "fashion", 2, "1gbit", "auto on dense gradients"]
+    assert fashion.met is True and "vs ddp-powersgd" in fashion.measured  # 4% above the faster rival
+    assert verdicts["sketch", "fashion", 2, "1gbit", "dense fallback"].met is None  # no sketch ran
+
+
 def test_report_has_every_run_failures_included_and_plots(tmp_path):
     results = [result("lstm", "dense", rec=record(1.0, 200.0)), result("lstm", "sketch", rec=record(0.5, 210.0, spike=5.0)),
                result("lstm", "topk", status="failed"), result("lstm", "ddp", status="unavailable"),
