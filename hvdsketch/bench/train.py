@@ -247,7 +247,8 @@ def _probe_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
 def markdown(results: list[Result], verdicts: list[Verdict], matrix: Matrix, meta: dict[str, Any]) -> str:
     """The whole report: per workload the training table and the probe table, then the targets."""
     m = meta["machine"]
-    parts = [f"Command: `{meta['command']}`  \n"
+    commands = meta.get("resumed", []) + [meta["command"]]
+    parts = ["".join(f"Command: `{c}`  \n" for c in commands) +
              f"Machine: {m['cpu']}, {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['host']}; "
              f"1-minute load {meta['load'][0]:.1f} at start, {meta['load'][-1]:.1f} at end; {meta['started']}."]
     for w in matrix.workloads:
@@ -335,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
     earlier = json.loads((out / "bench.json").read_text()) if (args.resume or args.report_only) else {}
     others, kept = carried([Result(**r) for r in earlier.get("results", [])], jobs, args.report_only)
     if args.report_only:
-        results = [kept[j.key] for j in jobs if j.key in kept]
+        results = [kept[j.key] for j in jobs if j.key in kept] + others
         meta = {k: v for k, v in earlier.items() if k not in ("results", "targets")}
     else:
         results = others
@@ -345,6 +346,9 @@ def run(args: argparse.Namespace) -> int:
                 "matrix": {"config": args.config, "quick": args.quick, "rates": list(matrix.rates),
                            "ranks": list(matrix.ranks), "baseline": matrix.baseline, "subject": matrix.subject,
                            "timeout_s": matrix.timeout_s}}
+        if args.resume and "command" in earlier:  # the runs kept were made by the earlier commands
+            meta["resumed"] = earlier.get("resumed", []) + [earlier["command"]]
+            meta["started"], meta["load"] = earlier["started"], earlier["load"][:1]
         began = time.time()
         print(f"hvdsketch bench train: {len(jobs)} runs, timeout {matrix.timeout_s:.0f} s each, "
               f"load {os.getloadavg()[0]:.1f}, output {out}", flush=True)
