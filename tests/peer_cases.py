@@ -99,8 +99,8 @@ def simulate(case: Case, size: int, convert: Callable[[np.ndarray], Any], steps:
     memories = [LocalResidual() if case.memory else None for _ in range(size)]
     results = []
     for t in range(steps):
-        ctx = TensorContext(name, case.shape, t, size)
-        running = [c.exchange(convert(gradient(r, t, case)), ctx, memories[r]) for r, c in enumerate(compressors)]
+        running = [c.exchange(convert(gradient(r, t, case)), TensorContext(name, case.shape, t, size, r), memories[r])
+                   for r, c in enumerate(compressors)]
         pending = [next(gen) for gen in running]
         while True:
             reduced = [reduce_in_process(same) for same in zip(*pending)]
@@ -156,7 +156,7 @@ def check_exchange(case: Case, world: World) -> None:
     compressor = create(case.flag)
     memory = LocalResidual() if case.memory else None
     for t in range(STEPS):
-        ctx = TensorContext(NAME, case.shape, t, size)
+        ctx = TensorContext(NAME, case.shape, t, size, world.rank)
         (got,) = world.exchange_all([(compressor, convert(gradient(rank, t, case)), ctx)], world.communicator, memory)
         ops = backend(got)
         assert ops.shape(got) == case.shape
@@ -176,7 +176,7 @@ def check_lock_step(world: World) -> None:
     allreduces fused per round) give each case's simulated first step."""
     picked = [case for case in CASES if not case.memory]
     jobs = [(create(case.flag), world.convert(gradient(world.rank, 0, case)),
-             TensorContext(str(case), case.shape, 0, world.size)) for case in picked]
+             TensorContext(str(case), case.shape, 0, world.size, world.rank)) for case in picked]
     for case, got in zip(picked, world.exchange_all(jobs, world.communicator)):
         expected = simulate(case, world.size, world.convert, steps=1, name=str(case))[0][world.rank]
         assert_close(backend(got).to_numpy(got), backend(expected).to_numpy(expected), f"{case} in lock step")
@@ -187,6 +187,6 @@ def check_nan_fails_everywhere(flag: str, world: World, error: type) -> None:
     g = gradient(world.rank, 0, Case(flag))
     if world.rank == world.size - 1:
         g[5, 5] = np.nan
-    job = (create(flag), world.convert(g), TensorContext(NAME, g.shape, 0, world.size))
+    job = (create(flag), world.convert(g), TensorContext(NAME, g.shape, 0, world.size, world.rank))
     with pytest.raises(error, match="NaN or Inf"):
         world.exchange_all([job], world.communicator)

@@ -73,7 +73,7 @@ def _exchangers(entries: list[Any], param: Any, name: str, hvd: Any) -> dict[str
 
         def exchange(step: int, policy: Any = policy, communicator: Any = communicator) -> None:
             grad = _as_hvdsketch(param.grad)
-            ctx = TensorContext(name, tuple(param.shape), step, hvd.size())
+            ctx = TensorContext(name, tuple(param.shape), step, hvd.size(), hvd.rank())
             (compressor,) = policy.select([grad], [ctx], communicator)
             exchange_all([(compressor, grad, ctx)], communicator)
 

@@ -56,6 +56,7 @@ class TensorContext:
     shape: tuple[int, ...]
     step: int = 0
     world_size: int = 1
+    rank: int = 0
 
 
 class Compressor(ABC):

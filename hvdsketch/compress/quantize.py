@@ -56,7 +56,9 @@ class StochasticQuantizer(Compressor):
         divisor = scales + ops.cast(scales == 0, dtype)  # 1 for all-zero buckets: their codes are 0
         x = abs(buckets) * (self.levels / divisor)[:, None]
         low = ops.floor(x)
-        u = ops.uniform(ops.shape(x), seeds.derive(self.seed, ctx.name, ctx.step, self.name), x)
+        # each rank rounds with its own draws: shared ones would correlate the ranks' rounding errors,
+        # and their average would keep one rank's variance instead of 1/N of it
+        u = ops.uniform(ops.shape(x), seeds.derive(self.seed, ctx.name, ctx.step, f"{self.name}.rank{ctx.rank}"), x)
         level = ops.clip(low + ops.cast(u < x - low, dtype), high=self.levels)  # x may exceed s by rounding
         codes = ops.cast(ops.sign(buckets) * level, code_dtype(self.levels))
         return [Message(scales, "allgather"), Message(ops.flatten(codes), "allgather")], None

@@ -6,7 +6,9 @@ back-end's seeded generator (:func:`hvdsketch.ops.numpy.uniform` and its
 torch / TensorFlow twins), so within one back-end they are a pure function of
 the seed. The seed mixes the flag's base seed with the tensor's name, the
 step and the purpose of the draw, so draws change every step and differ
-between tensors, yet are the same on every rank.
+between tensors, yet are the same on every rank where they must be (random-k's
+coordinates, PowerSGD's first Q); QSGD's and TernGrad's rounding mixes in the
+rank, since independent rounding errors are what averaging over ranks shrinks.
 """
 from __future__ import annotations
 

@@ -59,7 +59,8 @@ class _DistributedGradientTape(tf.GradientTape):
         step = next(_steps)
         present = [i for i, g in enumerate(flat_grads) if g is not None]
         inputs = [_as_hvdsketch(flat_grads[i]) for i in present]
-        contexts = [TensorContext(names[i], shapes[i], step, self._communicator.size) for i in present]
+        contexts = [TensorContext(names[i], shapes[i], step, self._communicator.size, self._communicator.rank)
+                    for i in present]
         jobs = list(zip(self._select(inputs, contexts), inputs, contexts))
         for i, averaged in zip(present, exchange_all(jobs, self._communicator, self._memory)):
             flat_grads[i] = _as_tf(averaged)

@@ -51,7 +51,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Average every gradient across ranks, compressed; called by :meth:`step`."""
         params = [p for p in self._names if p.grad is not None]
         grads = [_as_hvdsketch(p.grad) for p in params]
-        contexts = [TensorContext(self._names[p], tuple(p.shape), self._step_count, self._communicator.size)
+        contexts = [TensorContext(self._names[p], tuple(p.shape), self._step_count, self._communicator.size,
+                                  self._communicator.rank)
                     for p in params]
         jobs = list(zip(self._policy.select(grads, contexts, self._communicator), grads, contexts))
         for p, averaged in zip(params, exchange_all(jobs, self._communicator, self._memory)):

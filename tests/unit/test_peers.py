@@ -217,6 +217,24 @@ def test_qsgd_variance_is_that_of_its_rounding_and_within_lemma_3_1():
     assert exact <= min(64 / s**2, 8 / s) * np.sum(v**2)
 
 
+@pytest.mark.parametrize("flag", ["qsgd:levels=2,bucket=8", "terngrad"])
+def test_ranks_round_independently_so_averaging_shrinks_the_rounding_error(flag):
+    """Four ranks quantize the same gradient: their draws differ (the same rank's repeat), so the
+    average of their codes has about a quarter of one rank's squared rounding error."""
+    g = np.random.default_rng(8).standard_normal(4096).astype(np.float32)
+    compressor = create(flag)
+
+    def codes(rank):
+        ctx = TensorContext("g", g.shape, step=3, world_size=4, rank=rank)
+        return compressor.estimate(*compressor.compress(g, ctx), ctx)
+
+    one = [codes(r) for r in range(4)]
+    np.testing.assert_array_equal(one[0], codes(0))
+    assert not np.array_equal(one[0], one[1])
+    single = np.mean([np.sum((q - g) ** 2) for q in one])
+    assert np.sum((np.mean(one, axis=0) - g) ** 2) < 0.4 * single
+
+
 def test_quantizer_codes_are_small_integers_within_their_levels():
     g = np.random.default_rng(7).standard_normal(1000).astype(np.float32)
     _, ((scales, codes),) = exchange_one(create("qsgd:levels=5,bucket=100"), g)
