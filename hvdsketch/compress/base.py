@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generator, Literal, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Generator, Literal, Mapping, Protocol, Sequence
 
 Op = Literal["average", "max", "allgather", "bor"]
 Exchange = Generator["list[Message]", "list[Any]", Any]
@@ -103,6 +103,20 @@ class Compressor(ABC):
     @abstractmethod
     def decompress(self, reduced: Sequence[Any], state: Any, ctx: TensorContext) -> Any:
         """The averaged dense tensor from the reduced messages."""
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Per-tensor state kept between steps (PowerSGD's Q, DGC's velocity, residuals), as numpy
+        arrays by field and tensor name; empty for stateless methods."""
+        from hvdsketch.compress.state import export_state
+
+        return export_state(self)
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, Any]],
+                        convert: "Callable[[str, Any], Any]") -> None:
+        """Restore :meth:`state_dict`; ``convert(name, array)`` makes the back-end tensor of each array."""
+        from hvdsketch.compress.state import import_state
+
+        import_state(self, state, convert)
 
     def payload_bytes(self, messages: Sequence[Message]) -> int:
         """Bytes this rank contributes to the collectives for ``messages``."""

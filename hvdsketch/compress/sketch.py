@@ -33,12 +33,13 @@ the count round once in ``recheck`` steps, not every step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress.base import Compressor, Exchange, Message, TensorContext
 from hvdsketch.compress.hashing import HashFamily
+from hvdsketch.compress.state import private_state
 from hvdsketch.ops import backend
 
 
@@ -120,8 +121,7 @@ class SparseSketch(Compressor):
     block: int = 256
     seed: int = 0
     recheck: int = 16
-    #: tensor name -> exchanges left that go dense without counting (equal on every rank)
-    _dense_for: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _dense_for: dict = private_state()  # tensor name -> exchanges left that go dense uncounted (equal on every rank)
 
     def __post_init__(self) -> None:
         if self.rows < 1:

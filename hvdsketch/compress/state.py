@@ -4,13 +4,19 @@ Compressors are frozen dataclasses whose fields are the flag's options; what
 they must remember (DGC's velocity, PowerSGD's warm-start Q, an error-feedback
 residual) lives in fields made by :func:`private_state`, which stay out of the
 constructor, ``repr``, ``==`` and the flag. Each rank's compressor object holds
-its own state.
+its own state, and :func:`export_state` / :func:`import_state` carry it through
+a checkpoint as numpy arrays, so a resumed run continues as the uninterrupted one.
 """
 from __future__ import annotations
 
 import dataclasses
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+#: Turns a checkpoint's array back into the back-end tensor for the named tensor (its device, say).
+Convert = Callable[[str, np.ndarray], Any]
 
 
 def private_state(factory: Callable[[], Any] = dict) -> Any:
@@ -44,3 +50,36 @@ class LocalResidual:
 
     def update(self, name: str, compensated: Any, estimate: Any) -> None:
         self._residuals[name] = compensated - estimate
+
+
+def _per_name(compressor: Any) -> dict[str, dict[str, Any]]:
+    """The compressor's private-state fields, each as its dict of tensor name -> value."""
+    fields = [f for f in dataclasses.fields(compressor) if not f.init and not f.compare]
+    values = {f.name: getattr(compressor, f.name) for f in fields}
+    return {name: v._residuals if isinstance(v, LocalResidual) else v for name, v in values.items()}
+
+
+def export_state(compressor: Any) -> dict[str, dict[str, np.ndarray]]:
+    """The compressor's private state as numpy arrays, by field and tensor name (empty fields left out)."""
+    from hvdsketch.ops import backend
+
+    def to_numpy(value: Any) -> np.ndarray:
+        return np.asarray(value) if isinstance(value, (int, float)) else backend(value).to_numpy(value)
+
+    return {field: {name: to_numpy(v) for name, v in state.items()}
+            for field, state in _per_name(compressor).items() if state}
+
+
+def import_state(compressor: Any, state: Mapping[str, Mapping[str, np.ndarray]], convert: Convert) -> None:
+    """Replace the compressor's private state by :func:`export_state`'s; counters (0-d integer arrays)
+    come back as ints, tensors through ``convert``."""
+    fields = _per_name(compressor)
+    unknown = set(state) - set(fields)
+    if unknown:
+        raise ValueError(f"hvdsketch: {compressor} keeps no state {sorted(unknown)} (a checkpoint of another method?)")
+    for field, target in fields.items():
+        target.clear()
+        for name, array in state.get(field, {}).items():
+            array = np.asarray(array)
+            counter = array.ndim == 0 and np.issubdtype(array.dtype, np.integer)
+            target[name] = int(array) if counter else convert(name, array)

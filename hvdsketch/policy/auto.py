@@ -243,6 +243,9 @@ class AutoPolicy(Policy):
 
     # -- checkpoints ------------------------------------------------------------------------------
 
+    def compressors(self) -> dict[str, Compressor]:
+        return dict(self._instances)
+
     def state_dict(self) -> dict[str, Any]:
         return {"calls": self._calls, "plan_at": self._plan_at,
                 "link": None if self._link is None else [self._link.latency, self._link.bandwidth],

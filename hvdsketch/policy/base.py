@@ -46,6 +46,11 @@ class Policy(ABC):
         """The latest assignment table, or ``None`` before there is one (or for a single compressor)."""
         return None
 
+    def compressors(self) -> dict[str, Compressor]:
+        """The compressor objects this policy hands out, by flag (their per-tensor state goes into
+        checkpoints)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must keep so a resumed run makes the same choices."""
         return {}
@@ -63,6 +68,9 @@ class Fixed(Policy):
     def select(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], communicator: Communicator,
                traced: bool = False) -> list[Compressor]:
         return [self.compressor] * len(tensors)
+
+    def compressors(self) -> dict[str, Compressor]:
+        return {str(self.compressor): self.compressor}
 
     def __str__(self) -> str:
         return str(self.compressor)

@@ -118,6 +118,15 @@ class Rules(Policy):
             raise SpecError("a compression mapping needs rules: [...] (and optionally default:)")
         return cls(raw["rules"] or [], raw.get("default", "none"))
 
+    def compressors(self) -> dict[str, Compressor]:
+        return {**{str(c): c for c in self._compressors.values()}, **self.default.compressors()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"default": self.default.state_dict()}  # the matches are made again from names and shapes
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.default.load_state_dict(state.get("default", {}))
+
     def __str__(self) -> str:
         return f"rules[{'; '.join(map(str, self.rules))}; default={self.default}]"
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import torch
 
 from hvdsketch.collectives.horovod import HorovodCommunicator
@@ -75,10 +76,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state plus hvdsketch's: the step (it seeds the hashes) and the
-        residual memory, so a resumed run continues exactly as the uninterrupted one."""
+        """The wrapped optimizer's state plus hvdsketch's: the step (it seeds the hashes), the
+        policy's choices, the compressors' per-tensor state (PowerSGD's Q, DGC's velocity, their
+        residuals) and the residual memory, so a resumed run continues exactly as the
+        uninterrupted one."""
         state = super(self.__class__, self).state_dict()
+        compressors = {flag: c.state_dict() for flag, c in self._policy.compressors().items()}
         state["hvdsketch"] = {"step": self._step_count, "policy": self._policy.state_dict(),
+                              "compressors": {flag: s for flag, s in compressors.items() if s},
                               "memory": None if self._memory is None else self._memory.state_dict()}
         return state
 
@@ -89,6 +94,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if ours is not None:
             self._step_count = ours["step"]
             self._policy.load_state_dict(ours.get("policy") or {})
+            compressors = self._policy.compressors()
+            devices = {name: p.device for p, name in self._names.items()}
+            for flag, state in (ours.get("compressors") or {}).items():
+                if flag not in compressors:
+                    raise ValueError(f"hvdsketch: the checkpoint holds state of compressor {flag!r}, which "
+                                     f"this run's compression {self._policy} does not use")
+                compressors[flag].load_state_dict(
+                    state, lambda name, array: torch.from_numpy(np.array(array)).to(devices.get(name, "cpu")))
             if self._memory is not None and ours["memory"] is not None:
                 self._memory.load_state_dict(ours["memory"])
 
