@@ -92,29 +92,35 @@ def reduce_in_process(messages: Sequence[Message]) -> Any:
     raise ValueError(f"no in-process reduction for {messages[0].op!r}")
 
 
+def lockstep(running: Sequence[Any], reduce: Callable[[list[list[Message]]], list[Any]] | None = None
+             ) -> tuple[list[list[Message]], list[Any]]:
+    """Drive one exchange generator per simulated rank in lock step, each round's messages reduced by
+    ``reduce(per_rank_messages)`` (default: :func:`reduce_in_process` position by position); returns
+    rank 0's messages of every round and every rank's result."""
+    reduce = reduce or (lambda pending: [reduce_in_process(same) for same in zip(*pending)])
+    pending, rounds = [next(gen) for gen in running], []
+    while True:
+        rounds.append(pending[0])
+        reduced = reduce(pending)
+        pending, done = [], []
+        for gen in running:
+            try:
+                pending.append(gen.send(reduced))
+            except StopIteration as stop:
+                done.append(stop.value)
+        if done:
+            assert len(done) == len(running), "ranks disagree on the number of rounds"
+            return rounds, done
+
+
 def simulate(case: Case, size: int, convert: Callable[[np.ndarray], Any], steps: int = STEPS,
              name: str = NAME) -> list[list[Any]]:
     """``results[t][r]``: rank ``r``'s result at step ``t``, every rank running its own compressor."""
     compressors = [create(case.flag) for _ in range(size)]
     memories = [LocalResidual() if case.memory else None for _ in range(size)]
-    results = []
-    for t in range(steps):
-        running = [c.exchange(convert(gradient(r, t, case)), TensorContext(name, case.shape, t, size, r), memories[r])
-                   for r, c in enumerate(compressors)]
-        pending = [next(gen) for gen in running]
-        while True:
-            reduced = [reduce_in_process(same) for same in zip(*pending)]
-            pending, done = [], []
-            for gen in running:
-                try:
-                    pending.append(gen.send(reduced))
-                except StopIteration as stop:
-                    done.append(stop.value)
-            if done:
-                assert len(done) == size, "ranks disagree on the number of rounds"
-                results.append(done)
-                break
-    return results
+    return [lockstep([c.exchange(convert(gradient(r, t, case)), TensorContext(name, case.shape, t, size, r),
+                                 memories[r]) for r, c in enumerate(compressors)])[1]
+            for t in range(steps)]
 
 
 def topk_average(size: int, case: Case, ratio: float) -> np.ndarray:

@@ -9,6 +9,7 @@ from hvdsketch.compress import RowSparse, TensorContext, create
 from hvdsketch.compress.hashing import P, HashFamily
 from hvdsketch.compress.sketch import Layout
 from hvdsketch.ops import numpy as np_ops, tensorflow as tf_ops, torch as torch_ops
+from tests.peer_cases import lockstep
 
 BACKENDS = {"numpy": (np_ops, np.asarray), "torch": (torch_ops, torch.from_numpy),
             "tensorflow": (tf_ops, tf.convert_to_tensor)}
@@ -162,19 +163,8 @@ def reduce_across(per_rank):
 def exchange_across(compressors, tensors, ctx):
     """One exchange of ``tensors`` (one per simulated rank, each with its own compressor): the
     rounds' message sizes and every rank's result."""
-    gens = [c.exchange(t, ctx) for c, t in zip(compressors, tensors)]
-    messages, rounds = [next(g) for g in gens], []
-    while True:
-        rounds.append([m.tensor.size for m in messages[0]])
-        reduced = reduce_across(messages)
-        messages, outs = [], []
-        for g in gens:
-            try:
-                messages.append(g.send(reduced))
-            except StopIteration as done:
-                outs.append(done.value)
-        if outs:
-            return rounds, outs
+    rounds, outs = lockstep([c.exchange(t, ctx) for c, t in zip(compressors, tensors)], reduce_across)
+    return [[m.tensor.size for m in messages] for messages in rounds], outs
 
 
 def test_a_tensor_found_dense_is_counted_again_only_every_recheck_exchanges():
