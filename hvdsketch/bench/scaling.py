@@ -25,10 +25,9 @@ rows in the union::
                 cols = B w / error^2 (Charikar et al., 2002; Ge et al., 2023)
                                                  2 (N-1)/N * (ceil(R/8) + rows * cols * s)
 
-for the sketch twice: ``sketch`` with ``B = N k`` (the bound the compressor
-agrees on each step: the sum of the ranks' row counts) and ``sketch-oracle``
-with ``B = U`` (a sketch sized for the true union, which no rank knows before
-the exchange). ``s`` is the wire size of a cell (``--sketch-wire``). A sketch
+with ``B = U``: the compressor ORs the bitmaps first and sizes the sketch for
+the union every rank then knows. ``s`` is the wire size of a cell
+(``--sketch-wire``). A sketch
 that would not be smaller than the tensor is sent dense, as the compressor
 does. Allgather's bytes grow with N (every rank receives every other rank's
 pairs) while the others' stay bounded by the union, so allgather wins at few
@@ -47,7 +46,7 @@ import numpy as np
 
 from hvdsketch.bench import report
 
-ALGORITHMS = ("dense", "allgather", "allgather-rows", "omnireduce", "sketch", "sketch-oracle")
+ALGORITHMS = ("dense", "allgather", "allgather-rows", "omnireduce", "sketch")
 HEADER_BYTES = 16  # allgatherv's per-rank header: row count and a digest
 INDEX_BYTES = 8  # int64 index per element
 WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -78,13 +77,12 @@ def sketch_cells(bound_rows: float, width: int, error: float, sketch_rows: int =
     return sketch_rows * math.ceil(bound_rows * width / error ** 2)
 
 
-def sketch_bytes(n: int, rows: int, bound_rows: float, width: int, error: float, sketch_rows: int = 1,
+def sketch_bytes(n: int, rows: int, union_rows: float, width: int, error: float, sketch_rows: int = 1,
                  wire: int = 4, itemsize: int = 4) -> float:
-    """Bitmap plus cells, or dense once bitmap plus cells would not be smaller than the tensor."""
-    cells = sketch_cells(bound_rows, width, error, sketch_rows)
-    if rows + cells >= rows * width:
-        return dense_bytes(n, rows, width, itemsize)
-    return bitmap_bytes(n, rows) + 2 * (n - 1) / n * cells * wire
+    """The bitmap, then the cells, or the dense tensor when the cells would not be smaller than it."""
+    cells = sketch_cells(union_rows, width, error, sketch_rows)
+    payload = dense_bytes(n, rows, width, itemsize) if cells >= rows * width else 2 * (n - 1) / n * cells * wire
+    return bitmap_bytes(n, rows) + payload
 
 
 @dataclass(frozen=True)
@@ -163,8 +161,7 @@ def model(s: Supports, error: float, sketch_rows: int, wire: int) -> list[Point]
                   "allgather": allgather_bytes(n, k, s.width),
                   "allgather-rows": allgather_rows_bytes(n, k, s.width),
                   "omnireduce": omnireduce_bytes(n, s.rows, union, s.width),
-                  "sketch": sketch_bytes(n, s.rows, n * k, s.width, error, sketch_rows, wire),
-                  "sketch-oracle": sketch_bytes(n, s.rows, union, s.width, error, sketch_rows, wire)}
+                  "sketch": sketch_bytes(n, s.rows, union, s.width, error, sketch_rows, wire)}
         points += [Point(s.workload, s.tensor, n, a, values[a]) for a in ALGORITHMS]
     return points
 
@@ -186,13 +183,12 @@ def winners(points: Sequence[Point], among: Sequence[str] = ALGORITHMS) -> list[
 
 
 def table(s: Supports, points: Sequence[Point]) -> str:
-    headers = ["ranks", "union rows", *(f"{a} MB" for a in ALGORITHMS), "fewest (exact methods)"]
+    headers = ["ranks", "union rows", *(f"{a} MB" for a in ALGORITHMS), "fewest"]
     rows = []
     for n in sorted({p.ranks for p in points}):
         mine = {p.algorithm: p.bytes_per_rank for p in points if p.ranks == n}
-        exact = {a: v for a, v in mine.items() if a != "sketch-oracle"}
         rows.append([str(n), f"{s.union[n]:.0f}", *(report.number(mine[a] / 1e6, 4) for a in ALGORITHMS),
-                     min(exact, key=exact.get)])
+                     min(mine, key=mine.get)])
     return report.markdown(headers, rows)
 
 
@@ -226,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         points = model(s, args.sketch_error, args.sketch_rows, wire)
         everything += points
         ranges = "; ".join(f"{a} for N = {lo}..{hi}" if lo != hi else f"{a} at N = {lo}"
-                           for lo, hi, a in winners(points, [a for a in ALGORITHMS if a != "sketch-oracle"]))
+                           for lo, hi, a in winners(points))
         sections.append(f"### {s.workload} `{s.tensor}` ({s.rows} x {s.width}, batch {s.batch_size}, "
                         f"{np.mean(s.per_batch):.0f} rows per rank)\n\n{table(s, points)}\n\nFewest bytes: {ranges}.")
         panels[f"{s.workload} {s.tensor}"] = {a: [(p.ranks, p.bytes_per_rank / 1e6) for p in points if p.algorithm == a]

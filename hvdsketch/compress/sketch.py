@@ -9,25 +9,30 @@ bitmap, and adds every coordinate ``i`` of those units into a count sketch
 
 Count sketches with shared hashes are linear, ``S(a) + S(b) = S(a + b)``, so
 one averaging allreduce of the sketches yields the sketch of the averaged
-gradient, and the bitmaps, reduced in the same message (one float per unit,
-> 0 meaning present), give the union support. Every rank then recovers::
+gradient, and the OR of the bitmaps gives the union support. Every rank then
+recovers::
 
     g_avg[i] ~= median_j  sign_j(i) * S_avg[j, bucket_j(i)]     for i in the union
 
 For one row the relative L2 error of the recovery is about
 ``sqrt(nnz / cols)`` (collisions add the energy of ``nnz / cols`` other
 coordinates to each cell), so the sketch is sized from an error target
-against a bound on the union's non-zeros: ``cols = nnz_bound / error^2``.
-The bound is agreed per step: one fused averaging allreduce of every rank's
-count of non-zero units (one number per tensor) gives their sum, which bounds
-the union; or, with the ``density`` option, it is fixed in advance as
-``density * units``, which keeps the exchange to a single allreduce (Horovod's
-drop-in path, ``tf.function``). When sketch plus bitmap would not be smaller
-than the tensor, the tensor is sent dense; both sizings use numbers every rank
-shares, so every rank makes the same choice. A tensor the agreed bound sends
-dense is sent dense without counting until its ``recheck``-th exchange from
-then (every rank counts the same exchanges), so a dense-gradient model pays
-the count round once in ``recheck`` steps, not every step.
+against the union's non-zeros: ``cols = nnz_union / error^2``. By default the
+union itself comes first: one bitwise-OR reduction of the bitmaps packed to
+bits (``units / 8`` bytes a tensor) gives every rank the same union, then the
+sketch sized for it travels alone in one averaging allreduce. Ranks' supports
+overlap (frequent words are in every rank's batch), so the union is smaller
+than the sum of the ranks' counts: 66% of it for the LSTM's embedding at 4
+ranks, less at more. With the ``density`` option the union is bounded in
+advance by ``density * units`` and the bitmap rides in the same averaged
+message as the cells (one float per unit, > 0 meaning present): one
+allreduce in all, as Horovod's drop-in path and ``tf.function`` need. When the
+sketch would not be smaller than the tensor, the tensor is sent dense; both
+sizings use numbers every rank shares, so every rank makes the same choice. A
+tensor the union sends dense is sent dense without the bitmap round until its
+``recheck``-th exchange from then (every rank counts the same exchanges), so a
+dense-gradient model pays that round once in ``recheck`` steps, not every
+step.
 
 """
 from __future__ import annotations
@@ -86,12 +91,10 @@ class Layout:
 
 @dataclass(frozen=True)
 class SketchPlan:
-    """A sketch of ``cols`` columns; ``packed``: the bitmap travels as bits with a bitwise OR,
-    otherwise as one float per unit inside the averaged message (Horovod's drop-in path)."""
+    """A sketch of ``cols`` columns over ``layout``."""
 
     layout: Layout
     cols: int
-    packed: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,13 +105,13 @@ class SparseSketch(Compressor):
       rows     hash rows; recovery takes the median over rows (default 1)
       error    target relative L2 error of the recovery, sizes cols = nnz_bound/error^2
       density  a fixed bound on the fraction of units non-zero in the union of all ranks;
-               unset (default), the ranks agree on the bound each step with one extra
-               tiny allreduce, so dense tensors go dense and sparse ones get a fitting sketch
+               unset (default), the ranks OR their bitmaps first each step and size the
+               sketch for the union, so dense tensors go dense and sparse ones get a fitting sketch
       ratio    if set, size the sketch as this fraction of the tensor instead
       block    elements per support unit for vectors (default 256)
       seed     base hash seed, equal on every rank (default 0)
-      recheck  with density unset: a tensor the ranks found dense is sent dense without
-               counting until every recheck-th exchange (default 16; 1: count every time)
+      recheck  with density unset: a tensor the ranks found dense is sent dense without the
+               bitmap round until every recheck-th exchange (default 16; 1: every time)
     """
 
     name: ClassVar[str] = "sketch"
@@ -121,7 +124,7 @@ class SparseSketch(Compressor):
     block: int = 256
     seed: int = 0
     recheck: int = 16
-    _dense_for: dict = private_state()  # tensor name -> exchanges left that go dense uncounted (equal on every rank)
+    _dense_for: dict = private_state()  # tensor name -> exchanges left that go dense at once (equal on every rank)
 
     def __post_init__(self) -> None:
         if self.rows < 1:
@@ -143,8 +146,8 @@ class SparseSketch(Compressor):
         return self.density is not None or self.ratio is not None
 
     def exchange(self, tensor: Any, ctx: TensorContext, memory: Any = None) -> Exchange:
-        """With ``density`` unset: first agree on the union bound (the sum of every rank's count
-        of non-zero units), then send the sketch sized for it, or the dense tensor."""
+        """With ``density`` unset: first OR the ranks' bitmaps into the union, then send the sketch
+        sized for it, or the dense tensor."""
         if self.drop_in:
             return (yield from super().exchange(tensor, ctx, memory))
         if memory is not None:
@@ -158,12 +161,14 @@ class SparseSketch(Compressor):
         if ops.is_symbolic(support):
             raise ValueError("hvdsketch: inside tf.function the sketch cannot agree on its size each step; "
                              "give it a fixed bound, e.g. sketch:density=0.05")
-        (mean,) = yield [Message(ops.constant([ops.shape(support)[0]], "float64"), "average")]
-        bound = round(float(ops.to_numpy(mean)[0]) * ctx.world_size)
-        plan = self.plan(ctx.shape, min(bound, layout.units))
-        if plan is None and self.recheck > 1:
-            self._dense_for[ctx.name] = self.recheck
-        return (yield from self.send(tensor, ctx, memory, plan=plan))
+        (bits,) = yield [Message(ops.pack_bits(ops.indicator(layout.units, support, "uint8")), "bor")]
+        union = ops.positive(ops.unpack_bits(bits)[:layout.units])
+        plan = self.plan(ctx.shape, ops.shape(union)[0])
+        if plan is None:
+            if self.recheck > 1:
+                self._dense_for[ctx.name] = self.recheck
+            return (yield from self.send(tensor, ctx, memory, plan=None))
+        return (yield from self.send(tensor, ctx, memory, plan=plan, union=union))
 
     def plan(self, shape: Sequence[int], units_bound: int | None = None) -> SketchPlan | None:
         """The sketch for a tensor of ``shape`` whose union has at most ``units_bound`` non-zero
@@ -178,9 +183,10 @@ class SparseSketch(Compressor):
                 units_bound = math.ceil(self.density * layout.units)
             cols = math.ceil(units_bound * layout.unit_len / self.error**2)
         cols = max(cols, 1)
-        if layout.units + self.rows * cols >= layout.numel:
+        bitmap = layout.units if self.drop_in else 0  # floats in the averaged message; else bits sent before
+        if bitmap + self.rows * cols >= layout.numel:
             return None
-        return SketchPlan(layout, cols, packed=not self.drop_in)
+        return SketchPlan(layout, cols)
 
     def hashes(self, plan: SketchPlan, ctx: TensorContext) -> HashFamily:
         return HashFamily.draw(self.rows, plan.cols, self.seed, ctx.name, ctx.step)
@@ -201,15 +207,16 @@ class SparseSketch(Compressor):
         coords = layout.coordinates(ops, support)
         return ops, support, coords, ops.gather(flat, coords)
 
-    def compress(self, tensor: Any, ctx: TensorContext,
-                 plan: SketchPlan | None | str = "fixed") -> tuple[list[Message], Any]:
-        """Bitmap and sketch cells (or the dense tensor when ``plan`` is ``None``); ``plan`` defaults
-        to the one fixed by the options."""
+    def compress(self, tensor: Any, ctx: TensorContext, plan: SketchPlan | None | str = "fixed",
+                 union: Any = None) -> tuple[list[Message], Any]:
+        """The sketch cells, after the bitmap unless the ranks' ``union`` support is known already
+        (or the dense tensor when ``plan`` is ``None``); ``plan`` defaults to the one fixed by the
+        options."""
         plan = self.plan(ctx.shape) if plan == "fixed" else plan
         row_sparse = isinstance(tensor, RowSparse)
         if plan is None:
             dense = tensor.to_dense() if row_sparse else tensor
-            return [Message(backend(dense).flatten(dense), "average")], (plan, row_sparse)
+            return [Message(backend(dense).flatten(dense), "average")], (plan, row_sparse, None)
         layout = Layout.of(ctx.shape, self.block)
         ops, support, coords, values = self._nonzeros(tensor, layout)
         dtype = ops.dtype_name(values)
@@ -217,26 +224,24 @@ class SparseSketch(Compressor):
         cells = ops.concat([ops.scatter_add(plan.cols, hashes.bucket(ops, j, coords),
                                             hashes.sign(ops, j, coords, dtype) * values)
                             for j in range(self.rows)])
-        if plan.packed:
-            bits = ops.pack_bits(ops.indicator(layout.units, support, "uint8"))
-            return [Message(bits, "bor"), Message(cells, "average")], (plan, row_sparse)
+        if union is not None:
+            return [Message(cells, "average")], (plan, row_sparse, union)
         bitmap = ops.indicator(layout.units, support, dtype)
-        return [Message(ops.concat([bitmap, cells]), "average")], (plan, row_sparse)
+        return [Message(ops.concat([bitmap, cells]), "average")], (plan, row_sparse, None)
 
     # -- decompress -------------------------------------------------------
 
-    def decompress(self, reduced: Sequence[Any], state: tuple[SketchPlan | None, bool],
+    def decompress(self, reduced: Sequence[Any], state: tuple[SketchPlan | None, bool, Any],
                    ctx: TensorContext) -> Any:
         """The averaged gradient on the union support; a :class:`RowSparse` one for row-sparse input."""
-        plan, row_sparse = state
+        plan, row_sparse, union = state
         ops = backend(reduced[-1])
         dtype = ops.dtype_name(reduced[-1])
         if plan is None:
             return ops.reshape(reduced[0], ctx.shape)
         layout = plan.layout
-        if plan.packed:
-            bits, payload = reduced
-            support = ops.positive(ops.unpack_bits(bits)[:layout.units])
+        if union is not None:
+            support, payload = union, reduced[0]
         else:
             bitmap, payload = ops.split(reduced[0], [layout.units, plan.cols * self.rows])
             support = ops.positive(bitmap)

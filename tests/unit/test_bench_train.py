@@ -229,12 +229,12 @@ def test_union_growth_and_winners():
     points = scaling.model(s, error=0.5, sketch_rows=1, wire=4)
     by = {(p.ranks, p.algorithm): p.bytes_per_rank for p in points}
     assert by[2, "dense"] == 1000 * 8 * 4 and by[2, "allgather-rows"] == 10 * (8 + 32)
-    assert by[4, "sketch"] == by[4, "sketch-oracle"]  # N k = U: no overlap, the bound is the union
+    assert by[4, "sketch"] == scaling.sketch_bytes(4, 1000, 40.0, 8, 0.5, 1, 4)  # sized for the union
     assert scaling.winners(points)[0] == (2, 4, "allgather-rows")
 
 
 def test_a_sketch_no_smaller_than_the_tensor_is_sent_dense():
-    assert scaling.sketch_bytes(4, 100, 100, 8, error=0.5) == scaling.dense_bytes(4, 100, 8)
+    assert scaling.sketch_bytes(4, 100, 100, 8, error=0.5) == scaling.bitmap_bytes(4, 100) + scaling.dense_bytes(4, 100, 8)
     assert scaling.sketch_bytes(4, 100, 10, 8, error=0.5) < scaling.dense_bytes(4, 100, 8)
 
 

@@ -168,46 +168,48 @@ def exchange_across(compressors, tensors, ctx):
 
 
 def test_a_tensor_found_dense_is_counted_again_only_every_recheck_exchanges():
-    """After a count that sends a tensor dense, the next recheck-1 exchanges send it dense at once
-    (one round, no count); the recheck-th counts again and a now sparse tensor is sketched."""
+    """After a bitmap round that sends a tensor dense, the next recheck-1 exchanges send it dense at
+    once (one round, no bitmap); the recheck-th ORs the bitmaps again and a now sparse tensor is sketched."""
     rng = np.random.default_rng(0)
     dense = [rng.standard_normal((3000, 50)).astype(np.float32) for _ in range(2)]
     sparse = [sparse_rows(r, shape=(3000, 50), rows=10) for r in range(2)]
+    union = int(np.any((sparse[0] != 0) | (sparse[1] != 0), axis=1).sum())
     ranks = [create("sketch:error=0.5,recheck=3") for _ in range(2)]
     ctx = TensorContext("w", (3000, 50), step=1, world_size=2)
-    assert exchange_across(ranks, dense, ctx)[0] == [[1], [150000]]  # counted, sent dense
-    for tensors in (dense, sparse):  # not counted: dense, even when sparse
+    assert exchange_across(ranks, dense, ctx)[0] == [[3000 // 8], [150000]]  # bitmaps ORed, sent dense
+    for tensors in (dense, sparse):  # no bitmap round: dense, even when sparse
         rounds, outs = exchange_across(ranks, tensors, ctx)
         assert rounds == [[150000]]
         np.testing.assert_allclose(outs[0], np.mean(tensors, axis=0), rtol=1e-6)
-    assert exchange_across(ranks, sparse, ctx)[0] == [[1], [3000 // 8, 4000]]  # counted: 20 rows x 50 / 0.5^2
+    assert exchange_across(ranks, sparse, ctx)[0] == [[3000 // 8], [union * 50 * 4]]  # cols = nnz / 0.5^2
     every_time = [create("sketch:error=0.5,recheck=1") for _ in range(2)]
     for _ in range(2):
-        assert exchange_across(every_time, dense, ctx)[0] == [[1], [150000]]
+        assert exchange_across(every_time, dense, ctx)[0] == [[3000 // 8], [150000]]
     with pytest.raises(ValueError, match="recheck"):
         create("sketch:recheck=0")
 
 
 def test_agreed_sizing_sends_dense_tensors_dense_and_sparse_ones_sketched():
-    """Unset density: one extra averaging round of non-zero counts sizes the sketch (2 simulated ranks),
-    and the bitmap then travels packed, 8 units per byte, OR-reduced."""
-    sketch = create("sketch:error=0.5")
-    assert not sketch.drop_in
+    """Unset density: the ranks first OR their bitmaps, packed 8 units per byte (2 simulated ranks),
+    then send a sketch sized for the union they now share, or the dense tensor."""
+    assert not create("sketch:error=0.5").drop_in
     rng = np.random.default_rng(0)
     dense = [rng.standard_normal((300, 50)).astype(np.float32) for _ in range(2)]
     sparse = [sparse_rows(r, shape=(3000, 50), rows=10) for r in range(2)]
     for tensors, expect_dense in ((dense, True), (sparse, False)):
         ctx = TensorContext("w", tensors[0].shape, step=1, world_size=2)
         gens = [create("sketch:error=0.5").exchange(t, ctx) for t in tensors]  # a compressor per rank
-        counts = [next(g) for g in gens]
-        assert [float(m[0].tensor[0]) for m in counts] == [float(np.any(t != 0, axis=1).sum()) for t in tensors]
-        payloads = [g.send(reduce_across(counts)) for g in gens]
+        bitmaps = [next(g) for g in gens]
+        assert all([m.op for m in b] == ["bor"] for b in bitmaps)
+        for b, t in zip(bitmaps, tensors):
+            np.testing.assert_array_equal(b[0].tensor, np.packbits(np.any(t != 0, axis=1)))
+        payloads = [g.send(reduce_across(bitmaps)) for g in gens]
         assert len({tuple(m.tensor.size for m in p) for p in payloads}) == 1  # both ranks sized alike
         if expect_dense:
             assert [m.tensor.size for m in payloads[0]] == [tensors[0].size]
         else:
-            assert [m.op for m in payloads[0]] == ["bor", "average"]
-            assert payloads[0][0].tensor.size == 3000 // 8
+            union = np.any((tensors[0] != 0) | (tensors[1] != 0), axis=1).sum()
+            assert [(m.op, m.tensor.size) for m in payloads[0]] == [("average", union * 50 * 4)]
         reduced = reduce_across(payloads)
         outs = []
         for g in gens:
