@@ -78,6 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, help="seconds per run before it is killed")
     parser.add_argument("--out", default="runs/bench-train", help="output folder (default runs/bench-train)")
     parser.add_argument("--resume", action="store_true", help="keep the successful runs of an earlier bench.json")
+    parser.add_argument("--redo", action="store_true",
+                        help="with --resume: run the selected jobs again, successful or not (the rest is kept)")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     parser.add_argument("--report-only", action="store_true", help="rebuild bench.md and plots from bench.json")
 
@@ -313,13 +315,14 @@ def _write(out: Path, meta: dict[str, Any], results: list[Result], matrix: Matri
     return verdicts
 
 
-def carried(before: list[Result], jobs: list[Job], report_only: bool = False) -> tuple[list[Result], dict[str, Result]]:
+def carried(before: list[Result], jobs: list[Job], report_only: bool = False,
+            redo: bool = False) -> tuple[list[Result], dict[str, Result]]:
     """What a resumed run takes from the earlier ``bench.json``: its results outside this selection
     (another rate, say), kept as they are, and by key those inside it that need no new run (the
-    successful ones; every one for ``--report-only``)."""
+    successful ones unless ``redo``; every one for ``--report-only``)."""
     keys = {j.key for j in jobs}
     return ([r for r in before if r.key not in keys],
-            {r.key: r for r in before if r.key in keys and (r.ok or report_only)})
+            {r.key: r for r in before if r.key in keys and (report_only or (r.ok and not redo))})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -334,7 +337,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{i}/{len(jobs)}] {job.key}")
         return 0
     earlier = json.loads((out / "bench.json").read_text()) if (args.resume or args.report_only) else {}
-    others, kept = carried([Result(**r) for r in earlier.get("results", [])], jobs, args.report_only)
+    if args.redo and not args.resume:
+        raise SystemExit("hvdsketch bench train: --redo reruns part of an earlier bench.json; give --resume too")
+    others, kept = carried([Result(**r) for r in earlier.get("results", [])], jobs, args.report_only, args.redo)
     if args.report_only:
         results = [kept[j.key] for j in jobs if j.key in kept] + others
         meta = {k: v for k, v in earlier.items() if k not in ("results", "targets")}

@@ -208,6 +208,7 @@ def test_resume_keeps_what_succeeded_and_everything_outside_the_selection(bench_
     others, kept = carried([done, broke, elsewhere], jobs)
     assert others == [elsewhere] and kept == {done.key: done}  # the failed run runs again
     assert carried([done, broke, elsewhere], jobs, report_only=True)[1] == {done.key: done, broke.key: broke}
+    assert carried([done, broke, elsewhere], jobs, redo=True) == ([elsewhere], {})  # --redo: all again
 
 
 def test_a_failed_run_is_explained_by_its_exception():
