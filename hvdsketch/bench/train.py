@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shlex
@@ -50,6 +51,7 @@ from typing import Any
 from hvdsketch.bench import report
 from hvdsketch.bench.matrix import TRAIN, Job, Matrix
 from hvdsketch.bench.targets import Outcome, Verdict, evaluate
+from hvdsketch.policy.cost import parse_bandwidth
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "launch" / "cluster.sh"
@@ -306,6 +308,18 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
 # --- the command --------------------------------------------------------------------------------
 
 
+def ordered(results: list[Result], matrix: Matrix) -> list[Result]:
+    """Results cell by cell (rates from slow to unshaped, then ranks), entries in the matrix's order
+    and the probe last, however the resumed runs that made them were interleaved."""
+    labels = [e.label for e in matrix.entries]
+
+    def rate(text: str) -> float:
+        return math.inf if text == "none" else parse_bandwidth(text)
+
+    return sorted(results, key=lambda r: (rate(r.rate), r.ranks, r.runner == "exchange-probe",
+                                          labels.index(r.label) if r.label in labels else len(labels)))
+
+
 def _write(out: Path, meta: dict[str, Any], results: list[Result], matrix: Matrix) -> list[Verdict]:
     cells = [(w.name, rate, n) for w in matrix.workloads for rate in matrix.rates for n in matrix.ranks]
     cells += sorted({(r.workload, r.rate, r.ranks) for r in results} - set(cells))  # carried by --resume
@@ -370,6 +384,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"    {r.status} in {r.seconds:.0f} s, load {r.load[-1]:.1f}; {detail}", flush=True)
             meta["load"] = meta["load"][:1] + [os.getloadavg()[0]]
             _write(out, meta, results, matrix)
+    results = ordered(results, matrix)
     verdicts = _write(out, meta, results, matrix)
     text = markdown(results, verdicts, matrix, meta)
     (out / "bench.md").write_text(text)

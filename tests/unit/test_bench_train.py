@@ -14,7 +14,7 @@ import pytest
 from hvdsketch.bench import report, scaling
 from hvdsketch.bench.matrix import Entry, Matrix
 from hvdsketch.bench.targets import Outcome, evaluate
-from hvdsketch.bench.train import Result, _why, carried, markdown, outcomes, plots
+from hvdsketch.bench.train import Result, _why, carried, markdown, ordered, outcomes, plots
 from hvdsketch.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,6 +209,9 @@ def test_resume_keeps_what_succeeded_and_everything_outside_the_selection(bench_
     assert others == [elsewhere] and kept == {done.key: done}  # the failed run runs again
     assert carried([done, broke, elsewhere], jobs, report_only=True)[1] == {done.key: done, broke.key: broke}
     assert carried([done, broke, elsewhere], jobs, redo=True) == ([elsewhere], {})  # --redo: all again
+    unshaped, probe = result("fashion", "dense", rate="none"), result("fashion", "x", runner="exchange-probe")
+    matrix = Matrix.load(bench_config)
+    assert ordered([unshaped, elsewhere, probe, broke, done], matrix) == [done, broke, probe, elsewhere, unshaped]
 
 
 def test_a_failed_run_is_explained_by_its_exception():
