@@ -103,7 +103,7 @@ class SparseSketch(Compressor):
 
     Options (flag ``sketch:key=value,...``):
       rows     hash rows; recovery takes the median over rows (default 1)
-      error    target relative L2 error of the recovery, sizes cols = nnz_bound/error^2
+      error    target relative L2 error of the recovery, sizes cols = nnz_union/error^2
       density  a fixed bound on the fraction of units non-zero in the union of all ranks;
                unset (default), the ranks OR their bitmaps first each step and size the
                sketch for the union, so dense tensors go dense and sparse ones get a fitting sketch
@@ -157,7 +157,8 @@ class SparseSketch(Compressor):
             self._dense_for[ctx.name] = left - 1
             return (yield from self.send(tensor, ctx, memory, plan=None))
         layout = Layout.of(ctx.shape, self.block)
-        ops, support, _, _ = self._nonzeros(tensor, layout)
+        found = self._nonzeros(tensor, layout)
+        ops, support = found[:2]
         if ops.is_symbolic(support):
             raise ValueError("hvdsketch: inside tf.function the sketch cannot agree on its size each step; "
                              "give it a fixed bound, e.g. sketch:density=0.05")
@@ -168,7 +169,7 @@ class SparseSketch(Compressor):
             if self.recheck > 1:
                 self._dense_for[ctx.name] = self.recheck
             return (yield from self.send(tensor, ctx, memory, plan=None))
-        return (yield from self.send(tensor, ctx, memory, plan=plan, union=union))
+        return (yield from self.send(tensor, ctx, memory, plan=plan, union=union, found=found))
 
     def plan(self, shape: Sequence[int], units_bound: int | None = None) -> SketchPlan | None:
         """The sketch for a tensor of ``shape`` whose union has at most ``units_bound`` non-zero
@@ -208,17 +209,17 @@ class SparseSketch(Compressor):
         return ops, support, coords, ops.gather(flat, coords)
 
     def compress(self, tensor: Any, ctx: TensorContext, plan: SketchPlan | None | str = "fixed",
-                 union: Any = None) -> tuple[list[Message], Any]:
+                 union: Any = None, found: tuple | None = None) -> tuple[list[Message], Any]:
         """The sketch cells, after the bitmap unless the ranks' ``union`` support is known already
         (or the dense tensor when ``plan`` is ``None``); ``plan`` defaults to the one fixed by the
-        options."""
+        options; ``found``: the tensor's :meth:`_nonzeros`, when the caller has them already."""
         plan = self.plan(ctx.shape) if plan == "fixed" else plan
         row_sparse = isinstance(tensor, RowSparse)
         if plan is None:
             dense = tensor.to_dense() if row_sparse else tensor
             return [Message(backend(dense).flatten(dense), "average")], (plan, row_sparse, None)
         layout = Layout.of(ctx.shape, self.block)
-        ops, support, coords, values = self._nonzeros(tensor, layout)
+        ops, support, coords, values = found or self._nonzeros(tensor, layout)
         dtype = ops.dtype_name(values)
         hashes = self.hashes(plan, ctx)
         cells = ops.concat([ops.scatter_add(plan.cols, hashes.bucket(ops, j, coords),
