@@ -60,6 +60,7 @@ class Entry:
     path             hvdsketch or horovod (whose DistributedOptimizer)
     memory           residual memory flag, or None
     sparse_as_dense  path horovod: False lets Horovod allgather sparse gradients
+    momentum         the optimizer's momentum for this entry (DGC applies momentum itself)
     runner           ``train``, or a module run with ``--config C --out D`` plus ``args``
     args             extra command-line arguments for the runner
     workloads        only on these workloads (None: all)
@@ -70,6 +71,7 @@ class Entry:
     path: str = "hvdsketch"
     memory: str | None = None
     sparse_as_dense: bool | None = None
+    momentum: float | None = None
     runner: str = TRAIN
     args: tuple[str, ...] = ()
     workloads: tuple[str, ...] | None = None
@@ -97,7 +99,7 @@ class Entry:
     def overrides(self) -> dict[str, Any]:
         """The keys it lays over a workload's training config."""
         out = {"compression": self.compression, "path": self.path, "memory": self.memory,
-               "sparse_as_dense": self.sparse_as_dense}
+               "sparse_as_dense": self.sparse_as_dense, "momentum": self.momentum}
         return {k: v for k, v in out.items() if v is not None}
 
 

@@ -60,7 +60,7 @@ def bench_config(tmp_path):
           other: {{config: {train}}}
         entries:
           - {{label: dense, compression: none, path: horovod}}
-          - {{label: sketch, compression: {{rules: [{{name: "0.*", compression: sketch}}], default: none}}}}
+          - {{label: sketch, compression: {{rules: [{{name: "0.*", compression: sketch}}], default: none}}, momentum: 0}}
           - {{label: peer, compression: topk, workloads: [other]}}
         quick: {{workloads: [fashion], entries: [dense, sketch], rates: [1gbit], ranks: [2], steps_per_epoch: 3}}
         """)
@@ -85,7 +85,7 @@ def test_each_run_gets_its_config_with_the_entry_laid_over_the_workload(bench_co
     assert command[-4:] == ["--config", str(tmp_path / "run" / "config.yaml"), "--out", str(tmp_path / "run")]
     config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert config["lr"] == 0.05 and config["epochs"] == 2 and config["steps_per_epoch"] == 30
-    assert config["compression"]["rules"][0]["compression"] == "sketch"
+    assert config["compression"]["rules"][0]["compression"] == "sketch" and config["momentum"] == 0
     probe = Matrix.load(bench_config).jobs()[2]
     entries = [Entry(label="dense", path="horovod"), Entry(label="ag", path="horovod", sparse_as_dense=False)]
     assert "exchange" in probe.command(tmp_path / "probe", entries)
