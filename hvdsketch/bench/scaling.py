@@ -22,14 +22,13 @@ rows in the union::
     omnireduce  OR of a packed row bitmap, then ring allreduce of the union rows (Fei et al., 2021)
                                                  2 (N-1)/N * (ceil(R/8) + U w 4)
     sketch      OR of the packed row bitmap, then ring allreduce of the count sketch cells,
-                cols = B w / error^2 (Charikar et al., 2002; Ge et al., 2023)
+                cols = U w / error^2 (Charikar et al., 2002; Ge et al., 2023)
                                                  2 (N-1)/N * (ceil(R/8) + rows * cols * s)
 
-with ``B = U``: the compressor ORs the bitmaps first and sizes the sketch for
-the union every rank then knows. ``s`` is the wire size of a cell
-(``--sketch-wire``). A sketch
-that would not be smaller than the tensor is sent dense, as the compressor
-does. Allgather's bytes grow with N (every rank receives every other rank's
+sized, as the compressor sizes it, for the union every rank knows once the
+bitmaps are ORed; ``s`` is the wire size of a cell (``--sketch-wire``). Cells
+that would not be fewer than the tensor's values give way to the dense
+tensor, as in the compressor. Allgather's bytes grow with N (every rank receives every other rank's
 pairs) while the others' stay bounded by the union, so allgather wins at few
 ranks and the union-sized methods at many; the table and plot say where.
 """
