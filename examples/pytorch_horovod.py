@@ -12,7 +12,7 @@ import horovod.torch as hvd
 import torch
 
 import hvdsketch.torch
-from hvdsketch.workloads import get
+from hvdsketch.lab.workloads import get
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--compression", default="sketch:error=0.5,density=0.05")

@@ -15,7 +15,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdsketch.tensorflow  # noqa: E402
-from hvdsketch.workloads import get  # noqa: E402
+from hvdsketch.lab.workloads import get  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--compression", default="sketch:error=0.5,density=0.05")

@@ -2,7 +2,7 @@
 # Run a command as N MPI ranks on an emulated cluster with a slow network.
 #
 #   launch/cluster.sh [--rate 1gbit|none] [-np N] [--burst 256kb] [--latency 50ms] [--mtu BYTES] -- COMMAND...
-#   e.g. launch/cluster.sh --rate 1gbit -np 4 -- python -m hvdsketch.cli bench collectives
+#   e.g. launch/cluster.sh --rate 1gbit -np 4 -- python -m hvdsketch.lab.cli bench collectives
 #
 # The ranks run in a fresh network namespace whose only interface is a
 # loopback shaped by a token-bucket filter (tc qdisc tbf; netem does not work

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvdsketch.bench import report, scaling
-from hvdsketch.bench.matrix import Entry, Matrix
-from hvdsketch.bench.targets import Outcome, evaluate
-from hvdsketch.bench.train import Result, _why, carried, markdown, ordered, outcomes, plots
+from hvdsketch.lab.bench import report, scaling
+from hvdsketch.lab.bench.matrix import Entry, Matrix
+from hvdsketch.lab.bench.targets import Outcome, evaluate
+from hvdsketch.lab.bench.train import Result, _why, carried, markdown, ordered, outcomes, plots
 from hvdsketch.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,8 +115,8 @@ def test_bad_matrices_are_clear_errors(tmp_path):
 
 
 def test_a_missing_runner_module_is_unavailable():
-    assert Entry("ddp", runner="hvdsketch.bench.no_such_module").available is False
-    assert Entry("dense").available and Entry("x", runner="hvdsketch.bench.report").available
+    assert Entry("ddp", runner="hvdsketch.lab.bench.no_such_module").available is False
+    assert Entry("dense").available and Entry("x", runner="hvdsketch.lab.bench.report").available
 
 
 # --- targets and the report -----------------------------------------------------------------------
@@ -246,7 +246,7 @@ def test_a_sketch_no_smaller_than_the_tensor_is_sent_dense():
 MPI_SCRIPT = """
 import json
 import numpy as np
-from hvdsketch.bench import scaling
+from hvdsketch.lab.bench import scaling
 from hvdsketch.collectives.mpi import MPICommunicator
 from hvdsketch.collectives.sparse import SparseVector, iblock_allreduce, ibitmap_or, isparse_allgather
 
@@ -306,10 +306,10 @@ def test_bench_train_runs_a_tiny_matrix_on_the_cluster(tmp_path):
         entries:
           - {{label: dense, compression: none, path: horovod}}
           - {{label: sketch, compression: "sketch:error=0.5"}}
-          - {{label: ddp, runner: hvdsketch.bench.no_such_module}}
+          - {{label: ddp, runner: hvdsketch.lab.bench.no_such_module}}
         """)
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "hvdsketch.cli", "bench", "train", "--config", config,
+    done = subprocess.run([sys.executable, "-m", "hvdsketch.lab.cli", "bench", "train", "--config", config,
                            "--out", str(out)], capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[1/3 " in done.stdout and "[3/3 " in done.stdout  # progress

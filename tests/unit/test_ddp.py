@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdsketch.bench.ddp import add_arguments, dense_workload, parse_hook
+from hvdsketch.lab.bench.ddp import add_arguments, dense_workload, parse_hook
 from hvdsketch.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,8 +62,8 @@ def test_dense_ddp_trains_like_hvdsketch_dense(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("workload: lstm:vocab_size=2000,batch_size=8,bptt=12,hidden=64,embed_dim=64,dropout=0\n"
                       "epochs: 1\nsteps_per_epoch: 4\nlr: 0.5\nclip: 0.5\n")
-    ddp = run(tmp_path, "ddp", ["hvdsketch.bench.ddp", "--config", str(config), "--hook", "none"])
-    ours = run(tmp_path, "ours", ["hvdsketch.cli", "train", "--config", str(config), "--compression", "none"])
+    ddp = run(tmp_path, "ddp", ["hvdsketch.lab.bench.ddp", "--config", str(config), "--hook", "none"])
+    ours = run(tmp_path, "ours", ["hvdsketch.lab.cli", "train", "--config", str(config), "--compression", "none"])
     assert set(ddp) - {"ddp"} == set(ours)
     assert ddp["path"] == "ddp" and ddp["steps"] == ours["steps"] == 4 and ddp["exchange_s"] is None
     assert "sparse=False" in ddp["workload"] and "sparse=True" in ours["workload"]

@@ -10,7 +10,7 @@ import tensorflow as tf
 import torch
 from hypothesis import given, settings, strategies as st
 
-from hvdsketch.cli import main
+from hvdsketch.lab.cli import main
 from hvdsketch.compress import REGISTRY, TensorContext, create
 from hvdsketch.compress.powersgd import PowerSGD
 from hvdsketch.compress.state import LocalResidual

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hvdsketch import cli
+from hvdsketch.lab import cli
 from hvdsketch.memory import Memory, Plan, TensorStats, create_store, plan_for_model, solve
-from hvdsketch.memory.plan_cli import parse_shapes, synthetic_residuals
+from hvdsketch.lab.plan import parse_shapes, synthetic_residuals
 from hvdsketch.memory.stores import Nothing, numel
 
 SHAPES = [(1,), (7,), (16, 16), (64, 8), (100,), (30, 20), (3, 4, 5)]

@@ -13,7 +13,7 @@ from hvdsketch.compress import RowSparse, TensorContext, create
 from hvdsketch.policy import AutoPolicy, Fixed, Rule, Rules, create as create_policy, label
 from hvdsketch.policy.cost import BLOCK, Link, densities, measure, parse_bandwidth, parse_latency
 from hvdsketch.spec import SpecError
-from hvdsketch.train import TrainConfig
+from hvdsketch.lab.config import TrainConfig
 
 GBIT = parse_bandwidth("1gbit")
 LATENCY = 50e-6  # a collective's latency on a fast LAN

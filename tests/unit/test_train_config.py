@@ -3,7 +3,7 @@ import pytest
 
 from hvdsketch import spec
 from hvdsketch.spec import SpecError
-from hvdsketch.train import TrainConfig
+from hvdsketch.lab.config import TrainConfig
 
 
 def write(tmp_path, text):

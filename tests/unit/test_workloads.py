@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from hvdsketch import workloads
+from hvdsketch.lab import workloads
 from hvdsketch.spec import SpecError
-from hvdsketch.workloads import corpora, data
+from hvdsketch.lab.workloads import corpora, data
 
 #: Narrow models so a few steps run in well under a second; data and vocabularies stay full size.
 SMALL = {"lstm": dict(embed_dim=32, hidden=32, vocab_size=2000), "fasttext": dict(embed_dim=16),
@@ -225,7 +225,7 @@ def test_missing_data_names_the_debian_package(tmp_path, monkeypatch):
 
 
 def test_choosing_a_pytorch_workload_imports_neither_tensorflow_nor_horovod():
-    code = ("import sys; from hvdsketch import workloads; "
+    code = ("import sys; from hvdsketch.lab import workloads; "
             "[workloads.get(n).build_model() for n in ('lstm', 'fasttext', 'fashion')]; "
             "bad = [m for m in ('tensorflow', 'horovod') if m in sys.modules]; assert not bad, bad")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

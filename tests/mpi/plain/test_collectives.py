@@ -325,7 +325,7 @@ def test_collectives_overlap_and_finish_in_any_wait_order(mpi):
 
 
 def test_bench_collectives_checks_every_sum_and_reports_counted_bytes(comm, tmp_path):
-    from hvdsketch.cli import build_parser
+    from hvdsketch.lab.cli import build_parser
 
     out = tmp_path / "bench.json"
     args = build_parser().parse_args(["bench", "collectives", "--size", "4000", "--densities", "0.01,0.5",

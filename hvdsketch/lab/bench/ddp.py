@@ -2,13 +2,13 @@
 
 ::
 
-    mpirun -np 2 python -m hvdsketch.bench.ddp --config configs/lstm.yaml --hook powersgd --rank 4 \\
+    mpirun -np 2 python -m hvdsketch.lab.bench.ddp --config configs/lstm.yaml --hook powersgd --rank 4 \\
         --steps-per-epoch 60 --out runs/
-    launch/cluster.sh --rate 1gbit -np 2 -- python -m hvdsketch.bench.ddp --config configs/lstm.yaml
+    launch/cluster.sh --rate 1gbit -np 2 -- python -m hvdsketch.lab.bench.ddp --config configs/lstm.yaml
 
-It trains the same workload (:mod:`hvdsketch.workloads`) from the same YAML
+It trains the same workload (:mod:`hvdsketch.lab.workloads`) from the same YAML
 config (optimizer, learning rate, clipping, epochs, steps) through the same
-training loop as ``hvdsketch train`` (:func:`hvdsketch.train_torch.fit`), with
+training loop as ``hvdsketch train`` (:func:`hvdsketch.lab.train_torch.fit`), with
 ``torch.nn.parallel.DistributedDataParallel`` averaging the gradients during
 the backward pass, and writes the same JSON record with ``path: ddp``, so the
 benchmark harness puts both side by side.
@@ -75,7 +75,7 @@ def launch_env() -> tuple[int, int, int]:
         if rank in os.environ and size in os.environ:
             n = int(os.environ[size])
             return int(os.environ[rank]), n, int(os.environ.get(local, n))
-    raise RuntimeError("hvdsketch.bench.ddp: no rank in the environment; launch it with mpirun, horovodrun, "
+    raise RuntimeError("hvdsketch.lab.bench.ddp: no rank in the environment; launch it with mpirun, horovodrun, "
                        "launch/cluster.sh or torchrun (looked for " + ", ".join(r for r, _, _ in LAUNCHERS) + ")")
 
 
@@ -100,7 +100,7 @@ def parse_hook(args: argparse.Namespace) -> tuple[str, int, int]:
 
 def dense_workload(flag: str) -> str:
     """The workload flag with ``sparse=false`` where the workload has that option."""
-    from hvdsketch.workloads import get
+    from hvdsketch.lab.workloads import get
 
     parsed = spec.Spec.parse(flag)
     if "sparse" not in {f.name for f in dataclasses.fields(get(flag))}:
@@ -112,9 +112,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from hvdsketch.train import TrainConfig, print_summary
-    from hvdsketch.train_torch import _optimizer, clip, fit
-    from hvdsketch.workloads import get
+    from hvdsketch.lab.config import TrainConfig
+    from hvdsketch.lab.train import print_summary
+    from hvdsketch.lab.train_torch import _optimizer, clip, fit
+    from hvdsketch.lab.workloads import get
 
     hook, approximation_rank, start_iter = parse_hook(args)
     rank, size, local = launch_env()
@@ -186,7 +187,7 @@ def _powersgd(ddp: Any, rank: int, start_iter: int) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hvdsketch.bench.ddp", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hvdsketch.lab.bench.ddp", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

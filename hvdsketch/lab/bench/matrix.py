@@ -12,7 +12,7 @@
     entries:
       - {label: dense, compression: none, path: horovod}
       - {label: sketch, compression: {rules: [...], default: none}, workloads: [lstm]}
-      - {label: ddp, runner: hvdsketch.bench.ddp, args: [--hook, none]}
+      - {label: ddp, runner: hvdsketch.lab.bench.ddp, args: [--hook, none]}
     quick: {workloads: [fasttext], entries: [dense, sketch], rates: [1gbit], ranks: [2], steps_per_epoch: 10}
 
 An entry is one way to train: a compression setting (a flag, or a rules
@@ -148,12 +148,12 @@ class Job:
         if self.entry is None:
             entries = run_dir / "entries.yaml"
             entries.write_text(yaml.safe_dump([e.to_mapping() for e in probe_entries], sort_keys=False))
-            return [sys.executable, "-m", "hvdsketch.cli", "bench", "exchange", "--config", self.workload.config,
+            return [sys.executable, "-m", "hvdsketch.lab.cli", "bench", "exchange", "--config", self.workload.config,
                     "--tensor", str(self.workload.probe), "--entries", str(entries),
                     "--steps", str(self.workload.probe_steps), "--json", str(run_dir / "record.json")]
         config = run_dir / "config.yaml"
         config.write_text(yaml.safe_dump(self.workload.training_config(self.entry), sort_keys=False))
-        head = ([sys.executable, "-m", "hvdsketch.cli", "train"] if self.entry.runner == TRAIN
+        head = ([sys.executable, "-m", "hvdsketch.lab.cli", "train"] if self.entry.runner == TRAIN
                 else [sys.executable, "-m", self.entry.runner])
         return head + ["--config", str(config), "--out", str(run_dir), *self.entry.args]
 

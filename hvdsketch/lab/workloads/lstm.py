@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hvdsketch.workloads.base import Batch
-from hvdsketch.workloads.language import LanguageModelData
-from hvdsketch.workloads.torchbase import TorchWorkload
+from hvdsketch.lab.workloads.base import Batch
+from hvdsketch.lab.workloads.language import LanguageModelData
+from hvdsketch.lab.workloads.torchbase import TorchWorkload
 
 
 class LSTMModel(nn.Module):

@@ -9,7 +9,7 @@ import torch
 from tqdm import tqdm
 
 from hvdsketch.collectives.stats import ring_allreduce_bytes
-from hvdsketch.train import TrainConfig, environment
+from hvdsketch.lab.config import TrainConfig, environment
 
 
 def _optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -118,7 +118,7 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
     """The epochs of training with ``step(batch) -> (loss, seconds exchanging or None)``, validation on
     rank 0 after each, and the run's record; ``report()`` gives the bytes sent and dense bytes so far,
     seconds per exchange phase, and optionally the policy's ``assignment`` table. The DDP baselines
-    (:mod:`hvdsketch.bench.ddp`) run the same loop, so their records compare line for line.
+    (:mod:`hvdsketch.lab.bench.ddp`) run the same loop, so their records compare line for line.
 
     PyTorch's global generator (dropout masks) is seeded from the workload's seed and the rank, so
     two runs differ only in how they exchange gradients, and their validation quality compares."""

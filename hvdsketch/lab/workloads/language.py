@@ -1,6 +1,6 @@
 """Word-level language modelling on the King James Bible, framework-free: options and BPTT windows.
 
-The token stream of each split (:func:`hvdsketch.workloads.corpora.kjv`) is
+The token stream of each split (:func:`hvdsketch.lab.workloads.corpora.kjv`) is
 cut into windows of ``bptt + 1`` tokens starting every ``bptt`` tokens; a
 window's first ``bptt`` tokens are the input and its last ``bptt`` the
 targets, so every token of the split is a target exactly once. Windows are
@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hvdsketch.workloads import corpora
-from hvdsketch.workloads.base import Split, Workload
+from hvdsketch.lab.workloads import corpora
+from hvdsketch.lab.workloads.base import Split, Workload
 
 
 @dataclass(frozen=True)

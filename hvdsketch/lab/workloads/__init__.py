@@ -24,13 +24,13 @@ import importlib
 from typing import Any, Iterator, Mapping
 
 from hvdsketch import spec as _spec
-from hvdsketch.workloads.base import Workload
+from hvdsketch.lab.workloads.base import Workload
 
 _MODULES = {
-    "lstm": "hvdsketch.workloads.lstm:LSTMLanguageModel",
-    "lstm_tf": "hvdsketch.workloads.lstm_tf:KerasLanguageModel",
-    "fasttext": "hvdsketch.workloads.fasttext:FastTextClassifier",
-    "fashion": "hvdsketch.workloads.fashion:FashionCNN",
+    "lstm": "hvdsketch.lab.workloads.lstm:LSTMLanguageModel",
+    "lstm_tf": "hvdsketch.lab.workloads.lstm_tf:KerasLanguageModel",
+    "fasttext": "hvdsketch.lab.workloads.fasttext:FastTextClassifier",
+    "fashion": "hvdsketch.lab.workloads.fashion:FashionCNN",
 }
 
 

@@ -86,9 +86,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import horovod.torch as hvd
     import torch
 
-    from hvdsketch.bench.matrix import Entry
-    from hvdsketch.train import TrainConfig
-    from hvdsketch.workloads import get
+    from hvdsketch.lab.bench.matrix import Entry
+    from hvdsketch.lab.config import TrainConfig
+    from hvdsketch.lab.workloads import get
 
     hvd.init()
     torch.set_num_threads(max(1, torch.get_num_threads() // hvd.local_size()))

@@ -3,7 +3,7 @@
 Joulin et al. (2017), "Bag of Tricks for Efficient Text Classification": a
 document is the mean of the embeddings of its words and of its hashed word
 bigrams (the hashing trick keeps the bigram table at a fixed ``buckets`` rows),
-followed by one linear layer. The task (:func:`hvdsketch.workloads.corpora.wordnet`):
+followed by one linear layer. The task (:func:`hvdsketch.lab.workloads.corpora.wordnet`):
 given a WordNet synset's words and gloss, name its lexicographer file, one
 of 45 supersenses (``noun.animal``, ``verb.motion``, ...).
 
@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from hvdsketch.workloads import corpora
-from hvdsketch.workloads.base import Batch, Split
-from hvdsketch.workloads.torchbase import TorchWorkload
+from hvdsketch.lab.workloads import corpora
+from hvdsketch.lab.workloads.base import Batch, Split
+from hvdsketch.lab.workloads.torchbase import TorchWorkload
 
 
 class FastTextModel(nn.Module):

@@ -12,7 +12,7 @@ function            Debian package           licence      what
 ==================  =======================  ===========  ==========================================
 
 Each returns a dict of numpy arrays, built once and then loaded from the
-cache (:func:`hvdsketch.workloads.data.cached`). The splits are fixed: whole
+cache (:func:`hvdsketch.lab.workloads.data.cached`). The splits are fixed: whole
 KJV chapters and whole synsets go to validation by a hash of their key
 (:data:`VAL_FRACTION`); Fashion-MNIST keeps its published train/test split.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdsketch.workloads.data import Vocabulary, cached, file_digest, in_validation, require, tokenize
+from hvdsketch.lab.workloads.data import Vocabulary, cached, file_digest, in_validation, require, tokenize
 
 VAL_FRACTION = 0.1
 EOS = "<eos>"

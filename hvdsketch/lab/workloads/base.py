@@ -4,17 +4,17 @@ A workload's data are *examples* (BPTT windows, documents, images) numbered
 ``0 .. n-1`` per split. The base class turns them into batches:
 
 - ``train_batches(epoch, rank, size)``: this rank's share of the epoch
-  (:func:`hvdsketch.workloads.data.shard`): the same number of steps on every
+  (:func:`hvdsketch.lab.workloads.data.shard`): the same number of steps on every
   rank, disjoint batches that together cover the training set once;
 - ``val_batches()``: the whole validation split in order, alike on every rank;
 - ``evaluate(model)``: mean cross-entropy and accuracy over the validation
   split (language models add perplexity, ``exp`` of the mean loss).
 
 Subclasses supply the data hooks (``examples``, ``arrays``) in numpy, and a
-framework's adapter (:mod:`hvdsketch.workloads.torchbase`, or the tf-keras
+framework's adapter (:mod:`hvdsketch.lab.workloads.torchbase`, or the tf-keras
 module) supplies ``to_batch``, ``build_model``, ``loss`` and ``score``. The
 fields of a workload's frozen dataclass are its options
-(``hvdsketch.workloads.get("lstm:bptt=20")``).
+(``hvdsketch.lab.workloads.get("lstm:bptt=20")``).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Iterator, Literal
 
 import numpy as np
 
-from hvdsketch.workloads.data import shard
+from hvdsketch.lab.workloads.data import shard
 
 Split = Literal["train", "val"]
 Batch = tuple[Any, ...]

@@ -18,7 +18,7 @@ Written to ``--out``: ``bench.json`` (every run's record, the machine, the
 load, the command), ``bench.md`` (per workload: step time, gradient-exchange
 time, compress + decompress time, bytes per step, speed-up and quality against
 the baseline; the probed tensor's exchange; the targets of
-:mod:`hvdsketch.bench.targets`, met or missed), and per workload PNGs of quality
+:mod:`hvdsketch.lab.bench.targets`, met or missed), and per workload PNGs of quality
 against training time, of bytes per step and of step time. ``bench.json`` is
 rewritten after every run; ``--resume`` keeps the runs that succeeded there.
 
@@ -48,13 +48,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hvdsketch.bench import report
-from hvdsketch.bench.matrix import TRAIN, Job, Matrix
-from hvdsketch.bench.targets import Outcome, Verdict, evaluate
+from hvdsketch.lab.bench import report
+from hvdsketch.lab.bench.matrix import TRAIN, Job, Matrix
+from hvdsketch.lab.bench.targets import Outcome, Verdict, evaluate
 from hvdsketch.policy.cost import parse_bandwidth
 
-ROOT = Path(__file__).resolve().parents[2]
-CLUSTER = ROOT / "launch" / "cluster.sh"
+#: The emulated cluster, from the project's checkout (the benchmark runs from its root).
+CLUSTER = os.environ.get("HVDSKETCH_CLUSTER", "launch/cluster.sh")
 QUALITY = (("perplexity", False), ("accuracy", True))  # the headline metric of a record, and its direction
 
 
@@ -68,7 +68,7 @@ def _list(kind: type):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=str(ROOT / "configs" / "bench.yaml"), help="the matrix (YAML)")
+    parser.add_argument("--config", default="configs/bench.yaml", help="the matrix (YAML)")
     parser.add_argument("--quick", action="store_true", help="the config's quick: section (< 10 min on 2 cores)")
     parser.add_argument("--workloads", type=_list(str), help="only these workloads (comma-separated)")
     parser.add_argument("--entries", type=_list(str), help="only these entries (labels, comma-separated)")
@@ -127,12 +127,12 @@ def run_job(job: Job, out: Path, timeout: float, matrix: Matrix) -> Result:
     for old in run_dir.glob("*.json"):
         old.unlink()
     probe_entries = [e for e in matrix.for_workload(job.workload.name) if e.runner == TRAIN]
-    command = [str(CLUSTER), "--rate", job.rate, "-np", str(job.ranks), "--", *job.command(run_dir, probe_entries)]
+    command = [CLUSTER, "--rate", job.rate, "-np", str(job.ranks), "--", *job.command(run_dir, probe_entries)]
     start = time.time()
     with open(run_dir / "log.txt", "w") as log:
         log.write(shlex.join(command) + "\n")
         log.flush()
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from hvdsketch.workloads import corpora
-from hvdsketch.workloads.base import Batch, Split
-from hvdsketch.workloads.torchbase import TorchWorkload
+from hvdsketch.lab.workloads import corpora
+from hvdsketch.lab.workloads.base import Batch, Split
+from hvdsketch.lab.workloads.torchbase import TorchWorkload
 
 
 def cnn(conv1: int, conv2: int, hidden: int, classes: int) -> nn.Module:

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hvdsketch.bench import report
+from hvdsketch.lab.bench import report
 
 ALGORITHMS = ("dense", "allgather", "allgather-rows", "omnireduce", "sketch")
 HEADER_BYTES = 16  # allgatherv's per-rank header: row count and a digest
@@ -123,8 +123,8 @@ def measure(config_file: str, batches: int, ranks: Sequence[int], max_groups: in
     """Run ``batches`` real batches of the config's workload; the supports of its sparse gradients."""
     import torch
 
-    from hvdsketch.train import TrainConfig
-    from hvdsketch.workloads import get
+    from hvdsketch.lab.config import TrainConfig
+    from hvdsketch.lab.workloads import get
 
     workload = get(TrainConfig.load(config_file).workload)
     model = workload.build_model()

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from hvdsketch.collectives.stats import ring_allreduce_bytes
 from hvdsketch.spec import SpecError
-from hvdsketch.train import TrainConfig, environment
+from hvdsketch.lab.config import TrainConfig, environment
 
 
 def train(config: TrainConfig, workload: Any) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def plan_from_config(path: str, steps: int, budget: float | None, budget_bytes: 
     """The plan for a config's workload and compressor from real warm-up gradients (one process)."""
     from hvdsketch.compress import create as create_compressor
     from hvdsketch.memory import FLAGS
-    from hvdsketch.workloads import get
+    from hvdsketch.lab.workloads import get
 
     raw = _config(path)
     if budget is None and budget_bytes is None:

@@ -11,16 +11,16 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "info": ("hvdsketch.info", "versions, Horovod build, rank and size"),
-    "train": ("hvdsketch.train", "train a workload from a YAML config (run under horovodrun)"),
-    "plan": ("hvdsketch.memory.plan_cli", "show the residual-memory plan for a config"),
+    "info": ("hvdsketch.lab.info", "versions, Horovod build, rank and size"),
+    "train": ("hvdsketch.lab.train", "train a workload from a YAML config (run under horovodrun)"),
+    "plan": ("hvdsketch.lab.plan", "show the residual-memory plan for a config"),
 }
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "collectives": ("hvdsketch.bench.collectives", "sparse collectives against dense allreduce"),
-    "compressors": ("hvdsketch.bench.compressors", "ratio, throughput and error of every compressor"),
-    "train": ("hvdsketch.bench.train", "training matrix on the emulated cluster"),
-    "exchange": ("hvdsketch.bench.exchange", "one tensor's exchange time per entry, on real gradients"),
-    "scaling": ("hvdsketch.bench.scaling", "bytes per rank of sparse allreduces for 2..1024 ranks, measured supports"),
+    "collectives": ("hvdsketch.lab.bench.collectives", "sparse collectives against dense allreduce"),
+    "compressors": ("hvdsketch.lab.bench.compressors", "ratio, throughput and error of every compressor"),
+    "train": ("hvdsketch.lab.bench.train", "training matrix on the emulated cluster"),
+    "exchange": ("hvdsketch.lab.bench.exchange", "one tensor's exchange time per entry, on real gradients"),
+    "scaling": ("hvdsketch.lab.bench.scaling", "bytes per rank of sparse allreduces for 2..1024 ranks, measured supports"),
 }
 
 

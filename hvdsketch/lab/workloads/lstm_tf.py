@@ -1,7 +1,7 @@
 """``lstm_tf``: the ``lstm`` language model in tf-keras, on the same data and windows.
 
 Batches are the numpy ``(inputs, targets)`` pairs of
-:class:`~hvdsketch.workloads.language.LanguageModelData`. The gradient of
+:class:`~hvdsketch.lab.workloads.language.LanguageModelData`. The gradient of
 ``keras.layers.Embedding`` comes back from ``tf.GradientTape`` as
 ``tf.IndexedSlices`` (one slice per token of the batch, repeats included):
 TensorFlow's sparse gradient, which Horovod otherwise densifies or
@@ -17,8 +17,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from hvdsketch.workloads.base import Batch
-from hvdsketch.workloads.language import LanguageModelData
+from hvdsketch.lab.workloads.base import Batch
+from hvdsketch.lab.workloads.language import LanguageModelData
 
 
 @dataclass(frozen=True)

@@ -15,51 +15,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import yaml
+from typing import Any
 
 from hvdsketch import spec
+from hvdsketch.lab.config import TrainConfig
 from hvdsketch.policy import label
-from hvdsketch.spec import SpecError
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """The keys of a training YAML config."""
-
-    workload: str
-    compression: str | dict | list = "none"  # a flag, or per-tensor rules (hvdsketch.policy)
-    memory: str | None = None
-    path: Literal["hvdsketch", "horovod"] = "hvdsketch"
-    epochs: int = 1
-    steps_per_epoch: int | None = None
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.0
-    clip: float | None = None
-    sparse_as_dense: bool = True  # path horovod: densify sparse gradients (False: Horovod allgathers them)
-    out: str = "runs"
-
-    @classmethod
-    def load(cls, config_file: str | None, **overrides: Any) -> "TrainConfig":
-        path = config_file
-        raw = yaml.safe_load(Path(path).read_text()) if path else {}
-        if not isinstance(raw, dict):
-            raise SpecError(f"{path}: a config must be a mapping of keys, got {type(raw).__name__}")
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - valid)
-        if unknown:
-            raise SpecError(f"{path}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
-        raw["compression"] = spec.resolve(None, overrides.pop("compression", None), raw)
-        raw.update({k: v for k, v in overrides.items() if v is not None})
-        if "workload" not in raw:
-            raise SpecError("a config needs a workload, e.g. 'workload: lstm' (or --workload)")
-        return cls(**raw)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,13 +45,13 @@ def run(args: argparse.Namespace) -> int:
                               memory=args.memory, path=args.path, epochs=args.epochs,
                               sparse_as_dense=None if args.sparse_as_dense is None else args.sparse_as_dense == "true",
                               steps_per_epoch=args.steps_per_epoch, out=args.out)
-    from hvdsketch.workloads import get
+    from hvdsketch.lab.workloads import get
 
     workload = get(config.workload)
     if getattr(workload, "framework", "torch") == "tensorflow":
-        from hvdsketch.train_tf import train
+        from hvdsketch.lab.train_tf import train
     else:
-        from hvdsketch.train_torch import train
+        from hvdsketch.lab.train_torch import train
     record = train(config, workload)
     if record["rank"] == 0:
         print_summary(record)
@@ -113,8 +75,3 @@ def print_summary(record: dict[str, Any]) -> None:
     print(f"   validation: {quality}")
     print(f"   bytes sent per step {sent / 1e6:.3f} MB vs dense allreduce {dense / 1e6:.3f} MB "
           f"({dense / sent if sent else float('nan'):.2f}x less)")
-
-
-def environment() -> dict[str, Any]:
-    """Where the run ran, for its record."""
-    return {"host": os.uname().nodename, "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvdsketch.workloads.base import Batch, Workload
+from hvdsketch.lab.workloads.base import Batch, Workload
 
 
 @dataclass(frozen=True)
