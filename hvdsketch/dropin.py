@@ -24,6 +24,7 @@ import zlib
 from typing import Any
 
 from hvdsketch.compress import Compressor, TensorContext, create
+from hvdsketch.exchange.flight import Flight
 from hvdsketch.ops import backend
 
 _TAGGED = ("float32", "float64")
@@ -56,33 +57,31 @@ class DropInCompression:
         if not ops.is_floating(tensor) or 0 in shape:
             return tensor, None
         ctx = TensorContext(name=f"shape{shape}", shape=shape)
-        exchange = self.compressor.exchange(tensor, ctx)
-        (message,) = next(exchange)
+        flight = Flight(self.compressor, tensor, ctx)
+        (message,) = flight.messages
         payload = message.tensor
         dtype = ops.dtype_name(payload)
         if dtype in _TAGGED:
             t = _tag(shape, self._digest)
-            payload = ops.concat([ops.flatten(payload), ops.constant([t, t * t], dtype)])
+            payload = ops.concat([ops.flatten(payload), ops.constant([t, t * t], dtype, tensor)])
         self._count(ops.nbytes(payload), ops.nbytes(tensor))
-        return payload, (exchange, ctx, ops.shape(message.tensor), dtype)
+        return payload, (flight, ctx, ops.shape(message.tensor), dtype)
 
     def decompress(self, tensor: Any, state: Any) -> Any:
         if state is None:
             return tensor
-        exchange, ctx, message_shape, dtype = state
+        flight, ctx, message_shape, dtype = state
         ops = backend(tensor)
         tensor = ops.check_finite(tensor, f"hvdsketch: a gradient of shape {ctx.shape} is NaN or Inf on some rank")
         if dtype in _TAGGED:
             body, tags = ops.split(tensor, [ops.shape(tensor)[0] - 2, 2])
             t = _tag(ctx.shape, self._digest)
-            ops.check_close(tags, ops.constant([t, t * t], dtype), _TAG_RTOL,
+            ops.check_close(tags, ops.constant([t, t * t], dtype, tensor), _TAG_RTOL,
                             f"hvdsketch: ranks disagree on a gradient's shape or compression spec "
                             f"(this rank: shape {ctx.shape}, {self.compressor})")
             tensor = ops.reshape(body, message_shape)
-        try:
-            exchange.send([tensor])
-        except StopIteration as done:
-            return done.value
+        if flight.advance([tensor]):
+            return flight.result
         raise RuntimeError(f"hvdsketch: {self.compressor.name} asked for a second round in the drop-in path")
 
     def _count(self, sent: int, dense: int) -> None:

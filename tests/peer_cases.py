@@ -15,10 +15,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pytest
 
-from hvdsketch.compress import TensorContext, create
+from hvdsketch.collectives import reduce
+from hvdsketch.compress import Compressor, TensorContext, create
 from hvdsketch.compress.base import Message
-from hvdsketch.compress.state import LocalResidual
+from hvdsketch.exchange import Exchanger, Flight
+from hvdsketch.memory import Memory
 from hvdsketch.ops import backend
+from hvdsketch.policy import Policy
 
 NAME = "layer.weight"
 NAN_FLAGS = ["topk:ratio=0.05", "dgc:ratio=0.05", "qsgd", "terngrad", "efsignsgd", "powersgd:rank=2"]
@@ -30,7 +33,7 @@ class Case:
     flag: str
     shape: tuple[int, ...] = (48, 20)
     low_rank: int | None = None  # the average over ranks then has at most this rank
-    memory: bool = False  # error feedback from a generic residual memory passed to exchange
+    memory: bool = False  # error feedback from a residual memory given to the exchanger
     exact: bool = False  # the result must equal the dense average
 
     def __str__(self) -> str:
@@ -57,14 +60,42 @@ CASES = [
 
 @dataclass(frozen=True)
 class World:
-    """One rank's view of an MPI test: its place, Horovod's communicator, the framework's
-    conversion from NumPy, and hvdsketch's exchange driver."""
+    """One rank's view of an MPI test: its place, a communicator, and the framework's conversion
+    from NumPy."""
 
     size: int
     rank: int
     communicator: Any
     convert: Callable[[np.ndarray], Any]
-    exchange_all: Callable
+
+
+class Given(Policy):
+    """Each tensor's compressor by name, as a test gives them."""
+
+    def __init__(self, compressors: dict[str, Compressor]) -> None:
+        self.given = compressors
+
+    def compressor(self, ctx: TensorContext) -> Compressor:
+        return self.given[ctx.name]
+
+    def compressors(self) -> dict[str, Compressor]:
+        return {str(c): c for c in self.given.values()}
+
+
+def exchanger(communicator: Any, compressors: dict[str, Compressor], memory: Any = None,
+              step: int = 0) -> Exchanger:
+    """An exchanger over ``communicator`` giving each named tensor its compressor, at ``step``."""
+    out = Exchanger(Given(compressors), communicator, memory)
+    out.step = step
+    return out
+
+
+def exchange_jobs(communicator: Any, jobs: Sequence[tuple[Compressor, Any, TensorContext]],
+                  memory: Any = None) -> list[Any]:
+    """The averaged ``(compressor, tensor, ctx)`` jobs, in order, exchanged as one step."""
+    results = exchanger(communicator, {ctx.name: c for c, _, ctx in jobs}, memory, jobs[0][2].step).exchange(
+        {ctx.name: t for _, t, ctx in jobs})
+    return [results[ctx.name] for _, _, ctx in jobs]
 
 
 def gradient(rank: int, step: int, case: Case, seed: int = 11) -> np.ndarray:
@@ -87,39 +118,39 @@ def reduce_in_process(messages: Sequence[Message]) -> Any:
     ops = backend(tensors[0])
     if messages[0].op == "allgather":
         return ops.concat(tensors)
-    if messages[0].op == "average":
-        return ops.reduce_sum(ops.stack(tensors), axis=0) / len(tensors)
+    if messages[0].op in ("average", "sum"):
+        total = ops.reduce_sum(ops.stack(tensors), axis=0)
+        return total / len(tensors) if messages[0].op == "average" else total
     raise ValueError(f"no in-process reduction for {messages[0].op!r}")
 
 
-def lockstep(running: Sequence[Any], reduce: Callable[[list[list[Message]]], list[Any]] | None = None
+def lockstep(flights: Sequence[Flight], reduce: Callable[[list[list[Message]]], list[Any]] | None = None
              ) -> tuple[list[list[Message]], list[Any]]:
-    """Drive one exchange generator per simulated rank in lock step, each round's messages reduced by
+    """Drive one flight per simulated rank in lock step, each round's messages reduced by
     ``reduce(per_rank_messages)`` (default: :func:`reduce_in_process` position by position); returns
     rank 0's messages of every round and every rank's result."""
     reduce = reduce or (lambda pending: [reduce_in_process(same) for same in zip(*pending)])
-    pending, rounds = [next(gen) for gen in running], []
+    rounds = []
     while True:
+        pending = [f.messages for f in flights]
         rounds.append(pending[0])
+        for f in flights:
+            f.settle()
         reduced = reduce(pending)
-        pending, done = [], []
-        for gen in running:
-            try:
-                pending.append(gen.send(reduced))
-            except StopIteration as stop:
-                done.append(stop.value)
-        if done:
-            assert len(done) == len(running), "ranks disagree on the number of rounds"
-            return rounds, done
+        done = [f.advance(reduced) for f in flights]
+        if any(done):
+            assert all(done), "ranks disagree on the number of rounds"
+            return rounds, [f.result for f in flights]
 
 
 def simulate(case: Case, size: int, convert: Callable[[np.ndarray], Any], steps: int = STEPS,
              name: str = NAME) -> list[list[Any]]:
-    """``results[t][r]``: rank ``r``'s result at step ``t``, every rank running its own compressor."""
+    """``results[t][r]``: rank ``r``'s result at step ``t``, every rank running its own compressor, with
+    its own residual memory where the exchanger would keep one (the case's, or the method's own)."""
     compressors = [create(case.flag) for _ in range(size)]
-    memories = [LocalResidual() if case.memory else None for _ in range(size)]
-    return [lockstep([c.exchange(convert(gradient(r, t, case)), TensorContext(name, case.shape, t, size, r),
-                                 memories[r]) for r, c in enumerate(compressors)])[1]
+    memories = [Memory() if case.memory or c.feedback else None for c in compressors]
+    return [lockstep([Flight(c, convert(gradient(r, t, case)), TensorContext(name, case.shape, t, size, r),
+                             memories[r]) for r, c in enumerate(compressors)])[1]
             for t in range(steps)]
 
 
@@ -154,16 +185,15 @@ def assert_close(actual: np.ndarray, desired: np.ndarray, what: str) -> None:
 
 
 def check_exchange(case: Case, world: World) -> None:
-    """Run ``case`` for :data:`STEPS` steps through ``exchange_all`` over Horovod and compare every
-    step with :func:`simulate` (and :func:`independent`); check every rank ends with the same bits."""
+    """Run ``case`` for :data:`STEPS` steps through the exchanger over ``world``'s communicator and
+    compare every step with :func:`simulate` (and :func:`independent`); check every rank ends with
+    the same bits."""
     size, rank, convert = world.size, world.rank, world.convert
     reference = simulate(case, size, convert)
     first = independent(case, size)
-    compressor = create(case.flag)
-    memory = LocalResidual() if case.memory else None
+    steps = exchanger(world.communicator, {NAME: create(case.flag)}, Memory() if case.memory else None)
     for t in range(STEPS):
-        ctx = TensorContext(NAME, case.shape, t, size, world.rank)
-        (got,) = world.exchange_all([(compressor, convert(gradient(rank, t, case)), ctx)], world.communicator, memory)
+        got = steps.exchange({NAME: convert(gradient(rank, t, case))})[NAME]
         ops = backend(got)
         assert ops.shape(got) == case.shape
         result = ops.to_numpy(got)
@@ -172,27 +202,27 @@ def check_exchange(case: Case, world: World) -> None:
             assert_close(result, dense_average(size, t, case), f"{case} step {t} against the dense average")
         elif t == 0 and first is not None:
             assert_close(result, first, f"{case} against the NumPy formula")
-        (everyone,) = world.communicator.reduce([Message(ops.flatten(got), "allgather")])
+        (everyone,) = reduce(world.communicator, [Message(ops.flatten(got), "allgather")], "test.copies")
         copies = ops.to_numpy(everyone).reshape(size, -1)
         assert (copies == copies[0]).all(), f"{case}: ranks hold different results at step {t}"
 
 
 def check_lock_step(world: World) -> None:
-    """All cases' tensors in one ``exchange_all`` call (one or two rounds, allgathers and
-    allreduces fused per round) give each case's simulated first step."""
+    """All cases' tensors in one step of the exchanger (one or two rounds, allgathers and
+    allreduces) give each case's simulated first step."""
     picked = [case for case in CASES if not case.memory]
     jobs = [(create(case.flag), world.convert(gradient(world.rank, 0, case)),
              TensorContext(str(case), case.shape, 0, world.size, world.rank)) for case in picked]
-    for case, got in zip(picked, world.exchange_all(jobs, world.communicator)):
+    for case, got in zip(picked, exchange_jobs(world.communicator, jobs)):
         expected = simulate(case, world.size, world.convert, steps=1, name=str(case))[0][world.rank]
         assert_close(backend(got).to_numpy(got), backend(expected).to_numpy(expected), f"{case} in lock step")
 
 
 def check_nan_fails_everywhere(flag: str, world: World, error: type) -> None:
-    """A NaN in the last rank's gradient makes ``exchange_all`` raise ``error`` on every rank, none hangs."""
+    """A NaN in the last rank's gradient makes the exchange raise ``error`` on every rank, none hangs."""
     g = gradient(world.rank, 0, Case(flag))
     if world.rank == world.size - 1:
         g[5, 5] = np.nan
     job = (create(flag), world.convert(g), TensorContext(NAME, g.shape, 0, world.size, world.rank))
     with pytest.raises(error, match="NaN or Inf"):
-        world.exchange_all([job], world.communicator)
+        exchange_jobs(world.communicator, [job])

@@ -1,10 +1,15 @@
-"""Communicators: move a compressor's messages between ranks.
+"""Communicators: move a compressor's messages between ranks, without blocking.
 
-A communicator has ``rank``, ``size``, ``stats`` (:class:`~hvdsketch.collectives.stats.CommStats`)
-and ``reduce(messages) -> list``, which reduces each
-:class:`~hvdsketch.compress.Message` by its ``op``, fusing messages of one op
-into one collective. :mod:`.horovod` uses Horovod's collectives (NCCL and tensor
-fusion on GPUs); :mod:`.mpi` is hvdsketch's own mpi4py layer.
+A communicator has ``rank``, ``size``, ``stats``
+(:class:`~hvdsketch.collectives.stats.CommStats`) and ``start(messages, name)``,
+which starts reducing each :class:`~hvdsketch.compress.Message` by its ``op``
+(messages of one op and dtype fused into one collective) and returns a
+:class:`Handle` at once: ``test()`` says, without blocking, whether the results
+have arrived; ``wait()`` returns them. ``name`` labels the round's collectives:
+the same on every rank, and stable across steps (Horovod matches collectives
+across ranks by name and caches their negotiation by name). :mod:`.horovod` uses
+Horovod's collectives (NCCL and tensor fusion on GPUs); :mod:`.mpi` is
+hvdsketch's own mpi4py layer.
 """
 from __future__ import annotations
 
@@ -14,9 +19,20 @@ from hvdsketch.collectives.stats import CommStats
 from hvdsketch.compress.base import Message
 
 
+class Handle(Protocol):
+    def test(self) -> bool: ...
+
+    def wait(self) -> list[Any]: ...
+
+
 class Communicator(Protocol):
     rank: int
     size: int
     stats: CommStats
 
-    def reduce(self, messages: Sequence[Message]) -> list[Any]: ...
+    def start(self, messages: Sequence[Message], name: str) -> Handle: ...
+
+
+def reduce(communicator: Communicator, messages: Sequence[Message], name: str) -> list[Any]:
+    """The messages reduced, blocking: for what runs between steps (probes, agreement, decisions)."""
+    return communicator.start(messages, name).wait()

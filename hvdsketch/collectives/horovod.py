@@ -1,16 +1,21 @@
 """Horovod's collectives as a communicator, for either framework.
 
-A round's messages are grouped by kind and dtype (TensorFlow's grouped ops
-take one dtype): ``average`` and ``max`` messages go through
+A round's messages are grouped by kind and dtype (Horovod's grouped ops take
+one dtype): ``average``, ``sum`` and ``max`` messages go through
 ``hvd.grouped_allreduce``, ``allgather`` (sizes may differ by rank) and
 ``bor`` (an allgather folded with bitwise OR, since Horovod has no bitwise
-reduction) through ``hvd.grouped_allgather``. With PyTorch every group is
-started asynchronously before any is waited for, so Horovod negotiates and
-fuses the whole round in one cycle instead of one blocking call after
-another; TensorFlow's ops are scheduled by TensorFlow.
+reduction) through ``hvd.grouped_allgather``. Every collective is named from
+the round's name, so it is matched across ranks by name, whatever order the
+ranks start their tensors in, and Horovod's response cache, which is keyed by
+name, holds the same entries step after step. With PyTorch every group is
+started asynchronously (``*_async``) and :meth:`Handle.test` polls it, so a
+round started from a gradient's hook travels while backward goes on; with
+TensorFlow the ops are scheduled by TensorFlow (inside ``tf.function`` the
+runtime starts each as soon as its inputs exist).
 """
 from __future__ import annotations
 
+import re
 from types import ModuleType
 from typing import Any, Sequence
 
@@ -19,39 +24,84 @@ from hvdsketch.compress.base import Message
 from hvdsketch.ops import backend
 
 #: The reduction ops and the Horovod collective each travels in.
-KINDS = {"average": "allreduce", "max": "allreduce", "allgather": "allgather", "bor": "allgather"}
+KINDS = {"average": "allreduce", "sum": "allreduce", "max": "allreduce", "allgather": "allgather",
+         "bor": "allgather"}
+
+
+class HorovodHandle:
+    """The groups of one round in flight; :meth:`wait` returns the results in message order."""
+
+    def __init__(self, communicator: "HorovodCommunicator", messages: Sequence[Message],
+                 started: list[tuple[str, list[int], Any]]) -> None:
+        self._communicator, self._messages, self._started = communicator, messages, started
+        self._results: list[Any] | None = None
+
+    def test(self) -> bool:
+        hvd = self._communicator.hvd
+        return self._results is not None or not self._communicator.asynchronous or all(
+            hvd.poll(handle) for _, _, handle in self._started)
+
+    def wait(self) -> list[Any]:
+        if self._results is None:
+            self._results = self._communicator.collect(self._messages, self._started)
+        return self._results
 
 
 class HorovodCommunicator:
-    """Reduce messages with ``hvd`` = ``horovod.torch`` or ``horovod.tensorflow``."""
+    """Reduce messages with ``hvd`` = ``horovod.torch`` or ``horovod.tensorflow``, over
+    ``process_set`` (Horovod's global set when ``None``); ``average`` messages are scaled by
+    ``1 / predivide`` before the sum and ``predivide / size`` after it (Horovod's
+    ``gradient_predivide_factor``)."""
 
-    def __init__(self, hvd: ModuleType) -> None:
+    def __init__(self, hvd: ModuleType, process_set: Any = None, predivide: float = 1.0) -> None:
         self.hvd = hvd
+        self.process_set = process_set if process_set is not None else hvd.global_process_set
+        self.predivide = predivide
         self.stats = CommStats()
+        #: True with PyTorch, whose collectives return handles to poll and wait for.
+        self.asynchronous = hasattr(hvd, "grouped_allgather_async")
 
     @property
     def rank(self) -> int:
-        return self.hvd.rank()
+        return self.process_set.rank()
 
     @property
     def size(self) -> int:
-        return self.hvd.size()
+        return self.process_set.size()
 
-    def reduce(self, messages: Sequence[Message]) -> list[Any]:
-        groups: dict[tuple[str, str, str], list[int]] = {}  # (collective, op, dtype) -> message indices
+    def start(self, messages: Sequence[Message], name: str) -> HorovodHandle:
+        groups: dict[tuple[str, str], list[int]] = {}  # (op, dtype) -> message indices
         for i, m in enumerate(messages):
             if m.op not in KINDS:
-                raise ValueError(f"hvdsketch: unknown reduction op {m.op!r}")
+                raise ValueError(f"hvdsketch: unknown reduction op {m.op!r}; valid: {', '.join(KINDS)}")
             op = m.op if KINDS[m.op] == "allreduce" else "gather"
-            groups.setdefault((KINDS[m.op], op, backend(m.tensor).dtype_name(m.tensor)), []).append(i)
-        started = [(key, picked, self._start(key[0], key[1], [messages[i].tensor for i in picked]))
-                   for key, picked in groups.items()]
+            groups.setdefault((op, backend(m.tensor).dtype_name(m.tensor)), []).append(i)
+        started = [(op, picked, self._start(op, [messages[i].tensor for i in picked], f"{name}.{op}.{dtype}"))
+                   for (op, dtype), picked in groups.items()]
+        return HorovodHandle(self, messages, started)
+
+    def _start(self, op: str, tensors: list[Any], name: str) -> Any:
+        """A handle of the group's collective (PyTorch), or its results (TensorFlow, whose op names
+        take letters, digits and ``_`` only, outside any name scope)."""
+        hvd, kwargs = self.hvd, {"name": name, "process_set": self.process_set}
+        if not self.asynchronous:
+            kwargs.update(name=re.sub("[^a-zA-Z0-9_]", "_", name), ignore_name_scope=True)
+        if op == "gather":
+            return (hvd.grouped_allgather_async if self.asynchronous else hvd.grouped_allgather)(tensors, **kwargs)
+        reduce_op = {"average": hvd.Average, "sum": hvd.Sum, "max": hvd.Max}[op]
+        if op == "average" and self.predivide != 1.0:
+            kwargs.update(prescale_factor=1.0 / self.predivide, postscale_factor=self.predivide)
+        return (hvd.grouped_allreduce_async if self.asynchronous else hvd.grouped_allreduce)(
+            tensors, op=reduce_op, **kwargs)
+
+    def collect(self, messages: Sequence[Message], started: list[tuple[str, list[int], Any]]) -> list[Any]:
+        """Wait for every group of a round and count its bytes; the results in message order."""
         out: list[Any] = [None] * len(messages)
-        for (collective, op, _), picked, handle in started:
-            results = self.hvd.synchronize(handle) if self._asynchronous else handle
-            tensors = [messages[i].tensor for i in picked]
-            if collective == "allreduce":
-                wire = ring_allreduce_bytes(sum(backend(t).nbytes(t) for t in tensors), self.size)
+        for op, picked, handle in started:
+            results = self.hvd.synchronize(handle) if self.asynchronous else handle
+            if op != "gather":
+                wire = ring_allreduce_bytes(sum(backend(messages[i].tensor).nbytes(messages[i].tensor)
+                                                for i in picked), self.size)
                 self.stats.record(f"allreduce.{op}", wire, wire)
                 for i, result in zip(picked, results):
                     out[i] = result
@@ -65,18 +115,3 @@ class HorovodCommunicator:
                 out[i] = gathered if m.op == "allgather" else ops.bitwise_or_rows(
                     ops.reshape(gathered, (self.size, -1)))
         return out
-
-    @property
-    def _asynchronous(self) -> bool:
-        return hasattr(self.hvd, "grouped_allgather_async")  # horovod.torch
-
-    def _start(self, collective: str, op: str, tensors: list[Any]) -> Any:
-        """A handle of the group's collective (PyTorch), or its results (TensorFlow)."""
-        if collective == "allreduce":
-            hvd_op = self.hvd.Average if op == "average" else self.hvd.Max
-            if self._asynchronous:
-                return self.hvd.grouped_allreduce_async(tensors, op=hvd_op)
-            return self.hvd.grouped_allreduce(tensors, op=hvd_op)
-        if self._asynchronous:
-            return self.hvd.grouped_allgather_async(tensors)
-        return self.hvd.grouped_allgather(tensors)

@@ -61,7 +61,7 @@ REDUCTIONS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "sum": np.add, "max": np.maximum, "bor": np.bitwise_or,
 }
 #: Message op of the communicator protocol -> element-wise reduction.
-PROTOCOL_REDUCTIONS = {"average": "sum", "max": "max", "bor": "bor"}
+PROTOCOL_REDUCTIONS = {"average": "sum", "sum": "sum", "max": "max", "bor": "bor"}
 
 
 # --- wire formats --------------------------------------------------------------------------
@@ -311,7 +311,7 @@ class MPICommunicator:
         self._progress = _Progress()
         self._calls = 0
 
-    def start(self, label: str, schedule: Callable[[Wire], Schedule[T]]) -> Handle[T]:
+    def launch(self, label: str, schedule: Callable[[Wire], Schedule[T]]) -> Handle[T]:
         """Run ``schedule`` as a non-blocking collective; its bytes are recorded under ``label``."""
         wire = Wire(self.comm, self._calls % 32767 + 1)  # 32767: the smallest MPI_TAG_UB allowed
         self._calls += 1
@@ -328,19 +328,21 @@ class MPICommunicator:
         if wire is not None and op != "sum":
             raise ValueError(f"hvdsketch: a wire format applies to sums, not {op!r}")
         fmt = wire_format(wire, x.dtype)
-        return self.start(label or f"allreduce.{op}", lambda w: ring_allreduce(w, x, op, fmt))
+        return self.launch(label or f"allreduce.{op}", lambda w: ring_allreduce(w, x, op, fmt))
 
     def iallgatherv(self, x: np.ndarray, label: str = "allgather") -> Handle[tuple[np.ndarray, list[int]]]:
         """All ranks' ``x`` concatenated along dimension 0, and each rank's row count."""
-        return self.start(label, lambda w: allgatherv(w, x))
+        return self.launch(label, lambda w: allgatherv(w, x))
 
-    def ireduce(self, messages: Sequence[Message]) -> Batch[list[np.ndarray]]:
-        """Start reducing each message by its op; one fused allreduce per (op, dtype)."""
+    def start(self, messages: Sequence[Message], name: str = "") -> Batch[list[np.ndarray]]:
+        """Start reducing each message by its op; one fused allreduce per (op, dtype) (the
+        :class:`~hvdsketch.collectives.Communicator` protocol; ranks match by the order of calls,
+        so ``name`` only labels)."""
         for m in messages:
             if not isinstance(m.tensor, np.ndarray):
                 raise ValueError(f"hvdsketch: MPICommunicator reduces numpy arrays, got {type(m.tensor).__name__}")
             if m.op not in PROTOCOL_REDUCTIONS and m.op != "allgather":
-                raise ValueError(f"hvdsketch: unknown reduction op {m.op!r}; valid: average, max, allgather, bor")
+                raise ValueError(f"hvdsketch: unknown reduction op {m.op!r}; valid: average, sum, max, allgather, bor")
         groups: dict[tuple[str, str], list[int]] = {}
         for i, m in enumerate(messages):
             if m.op != "allgather":
@@ -368,10 +370,6 @@ class MPICommunicator:
             return out
 
         return Batch(handles, combine)
-
-    def reduce(self, messages: Sequence[Message]) -> list[np.ndarray]:
-        """Each message reduced by its op (the :class:`~hvdsketch.collectives.Communicator` protocol)."""
-        return self.ireduce(messages).wait()
 
     def _finish(self, message: Message, summed: np.ndarray) -> np.ndarray:
         if message.op != "average":

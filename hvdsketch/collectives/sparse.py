@@ -88,7 +88,7 @@ def ibitmap_or(comm: MPICommunicator, bits: np.ndarray) -> Handle[np.ndarray]:
     """Start the OR-allreduce of a 1-D boolean vector (e.g. a support bitmap)."""
     if bits.ndim != 1:
         raise ValueError(f"hvdsketch: bitmap must be 1-D, got shape {bits.shape}")
-    return comm.start("bitmap", lambda wire: bitmap_or(wire, bits))
+    return comm.launch("bitmap", lambda wire: bitmap_or(wire, bits))
 
 
 # --- sparse allgather ----------------------------------------------------------------------
@@ -109,7 +109,7 @@ def isparse_allgather(comm: MPICommunicator, x: SparseVector) -> Handle[list[Spa
         return [SparseVector(np.ascontiguousarray(p["index"]), np.ascontiguousarray(p["value"]), x.size)
                 for p in np.split(pairs, np.cumsum(counts)[:-1])]
 
-    return comm.start("sparse_allgather", schedule)
+    return comm.launch("sparse_allgather", schedule)
 
 
 # --- SparCML recursive doubling ------------------------------------------------------------
@@ -218,7 +218,7 @@ def isparcml_allreduce(comm: MPICommunicator, x: SparseVector, dense_at: float =
     """
     if not dense_at > 0:
         raise ValueError(f"hvdsketch: dense_at must be > 0, got {dense_at}")
-    return comm.start("sparcml", lambda wire: recursive_doubling(wire, x, dense_at))
+    return comm.launch("sparcml", lambda wire: recursive_doubling(wire, x, dense_at))
 
 
 # --- OmniReduce block-sparse ---------------------------------------------------------------
@@ -259,4 +259,4 @@ def iblock_allreduce(comm: MPICommunicator, x: np.ndarray, block: int = 256) -> 
     elements that are non-zero on some rank (for a row-sparse matrix: ``block`` = row length)."""
     if block < 1:
         raise ValueError(f"hvdsketch: block must be >= 1, got {block}")
-    return comm.start("omnireduce", lambda wire: block_sparse(wire, x, block))
+    return comm.launch("omnireduce", lambda wire: block_sparse(wire, x, block))

@@ -21,7 +21,7 @@ class Counter:
 
 class CommStats:
     """Per-collective counters of one rank, and seconds spent per phase of the exchange
-    (``compress`` / ``communicate`` / ``decompress``, as :func:`hvdsketch.exchange.exchange_all` times them)."""
+    (the exchanger's ``start``, on the backward path, and ``finish``, the wait before the step)."""
 
     def __init__(self) -> None:
         self._by_collective: dict[str, Counter] = defaultdict(Counter)

@@ -6,14 +6,15 @@ compressor; :data:`REGISTRY` maps every flag name to its class.
 from __future__ import annotations
 
 from hvdsketch import spec as _spec
-from hvdsketch.compress.base import Compressor, Message, TensorContext
+from hvdsketch.compress.base import Compressor, Message, Round, TensorContext
 from hvdsketch.compress.dense import HalfPrecision, NoCompression
 from hvdsketch.compress.dgc import DeepGradientCompression
 from hvdsketch.compress.efsignsgd import EFSignSGD
 from hvdsketch.compress.powersgd import PowerSGD
 from hvdsketch.compress.qsgd import QSGD
 from hvdsketch.compress.randomk import RandomK
-from hvdsketch.compress.sketch import RowSparse, SparseSketch
+from hvdsketch.compress.sketch import SparseSketch
+from hvdsketch.compress.support import Layout, RowSparse
 from hvdsketch.compress.terngrad import TernGrad
 from hvdsketch.compress.topk import TopK
 
@@ -31,4 +32,4 @@ def create(flag: "str | _spec.Spec | Compressor", **options) -> Compressor:
     return _spec.build(flag, REGISTRY, **options)
 
 
-__all__ = ["Compressor", "Message", "TensorContext", "RowSparse", "REGISTRY", "create"]
+__all__ = ["Compressor", "Layout", "Message", "Round", "TensorContext", "RowSparse", "REGISTRY", "create"]

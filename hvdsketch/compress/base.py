@@ -1,51 +1,69 @@
 """What every compressor is: a round-based exchange of messages.
 
 Following GRACE's split, a :class:`Compressor` only says what to send and how
-to read what comes back; a communicator (:mod:`hvdsketch.collectives`)
-moves the messages, and a residual memory (:mod:`hvdsketch.memory`) adds
-error feedback around it. Most methods need one round
-(``compress -> reduce -> decompress``); methods such as PowerSGD need two, so
-the contract is a generator that yields the messages of each round and
-receives their reduction::
+to read what comes back; a communicator (:mod:`hvdsketch.collectives`) moves
+the messages, and the exchanger (:mod:`hvdsketch.exchange`) runs error
+feedback around it, in one place for every method::
+
+    g = compressor.prepare(g, ctx)             # DGC: clipping and momentum; others: g
+    g = memory.compensate(name, g)             # g + e
+    rounds = compressor.exchange(g, ctx)       # the round generator below
+    ... round.residual() -> memory.update(name, ...)
+
+Most methods need one round (``compress -> reduce -> decompress``); PowerSGD
+and the union methods need two, so the contract is a generator that yields a
+:class:`Round` of messages at a time and receives their reductions::
 
     def exchange(self, tensor, ctx):
         messages, state = self.compress(tensor, ctx)
-        reduced = yield messages
+        reduced = yield Round(messages, residual=lambda: self.residual(tensor, messages, state, ctx))
         return self.decompress(reduced, state, ctx)
 
-Drivers run all tensors' generators in lock step, so the messages of one
-round travel in one fused collective per reduction op.
+The round whose messages settle what this rank sends carries ``residual``:
+what those messages leave out of the tensor the exchange was given, computed
+only when a residual memory keeps that tensor.
 """
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Generator, Literal, Mapping, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Generator, Literal, Mapping, Sequence
 
-Op = Literal["average", "max", "allgather", "bor"]
-Exchange = Generator["list[Message]", "list[Any]", Any]
+from hvdsketch.compress.state import Convert, export_state, import_state
 
-
-class ResidualMemory(Protocol):
-    """Error-feedback state per tensor name (see :mod:`hvdsketch.memory`)."""
-
-    def compensate(self, name: str, tensor: Any) -> Any: ...
-
-    def update(self, name: str, compensated: Any, estimate: Any) -> None: ...
+Op = Literal["average", "sum", "max", "allgather", "bor"]
 
 
 @dataclass(frozen=True)
 class Message:
     """One tensor to reduce across ranks and how.
 
-    ``average``: element-wise mean (Horovod's ``op=Average``); ``max``:
-    element-wise maximum; ``allgather``: rank-ordered concatenation along
-    dimension 0, sizes may differ by rank; ``bor``: bitwise OR of ``uint8``.
+    ``average``: element-wise mean (Horovod's ``op=Average``); ``sum``: element-wise
+    sum; ``max``: element-wise maximum; ``allgather``: rank-ordered concatenation
+    along dimension 0, sizes may differ by rank; ``bor``: bitwise OR of ``uint8``.
     """
 
     tensor: Any
     op: Op = "average"
+
+
+@dataclass(frozen=True)
+class Round:
+    """The messages of one round of an exchange.
+
+    ``residual``, on the round whose messages settle what this rank sends: a function
+    giving what they leave out of the tensor the exchange was given (error feedback
+    keeps it), or ``None`` from it when nothing is left out. It is called only when a
+    residual memory keeps the tensor, after the round's collectives have started. An
+    exchange none of whose rounds carries one leaves nothing out.
+    """
+
+    messages: list[Message]
+    residual: Callable[[], Any] | None = None
+
+
+Exchange = Generator[Round, "list[Any]", Any]
 
 
 @dataclass(frozen=True)
@@ -67,30 +85,27 @@ class Compressor(ABC):
     #: True when one ``average`` message of the tensor's dtype carries the whole
     #: exchange, so the compressor drops into Horovod's own ``compression=``.
     drop_in: ClassVar[bool] = False
-    #: True when :meth:`compress` takes a :class:`~hvdsketch.compress.sketch.RowSparse` gradient
-    #: as it is; drivers densify such gradients for every other compressor.
+    #: True when :meth:`compress` takes a :class:`~hvdsketch.compress.support.RowSparse` gradient
+    #: as it is; the exchanger densifies such gradients for every other compressor.
     row_sparse: ClassVar[bool] = False
+    #: True when error feedback is part of the method (EF-SignSGD, PowerSGD, DGC's accumulation):
+    #: the exchanger keeps a float32 residual for it when the user gives no residual memory.
+    feedback: ClassVar[bool] = False
 
-    def exchange(self, tensor: Any, ctx: TensorContext, memory: "ResidualMemory | None" = None) -> Exchange:
-        """Yield each round's messages, receive their reductions, return the averaged tensor.
+    def prepare(self, tensor: Any, ctx: TensorContext) -> Any:
+        """The tensor that error feedback compensates: the gradient itself, except for methods
+        that transform it first (DGC's clipping and momentum correction)."""
+        return tensor
 
-        With a residual ``memory`` (error feedback, Seide et al. 2014; Karimireddy et al. 2019)
-        the tensor is compensated first, ``g' = g + e``, and the memory keeps what this rank's
-        messages failed to carry, ``e = g' - estimate(messages)``.
-        """
-        if memory is not None:
-            tensor = memory.compensate(ctx.name, tensor)
-        return (yield from self.send(tensor, ctx, memory))
-
-    def send(self, tensor: Any, ctx: TensorContext, memory: "ResidualMemory | None" = None,
-             **options: Any) -> Exchange:
-        """The last round of :meth:`exchange`, for an already compensated ``tensor``; ``options``
-        go to :meth:`compress` (what earlier rounds agreed on)."""
-        messages, state = self.compress(tensor, ctx, **options)
-        if memory is not None:
-            memory.update(ctx.name, tensor, self.estimate(messages, state, ctx))
-        reduced = yield messages
+    def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
+        """Yield each round's messages, receive their reductions, return the averaged tensor."""
+        messages, state = self.compress(tensor, ctx)
+        reduced = yield Round(messages, lambda: self.residual(tensor, messages, state, ctx))
         return self.decompress(reduced, state, ctx)
+
+    def residual(self, tensor: Any, messages: Sequence[Message], state: Any, ctx: TensorContext) -> Any:
+        """What ``messages`` leave out of ``tensor``: ``tensor - estimate``, dense (``None``: nothing)."""
+        return tensor - self.estimate(messages, state, ctx)
 
     def estimate(self, messages: Sequence[Message], state: Any, ctx: TensorContext) -> Any:
         """What this rank's own messages carry, as a dense tensor: the reduction over one rank."""
@@ -105,37 +120,15 @@ class Compressor(ABC):
         """The averaged dense tensor from the reduced messages."""
 
     def state_dict(self) -> dict[str, dict[str, Any]]:
-        """Per-tensor state kept between steps (PowerSGD's Q, DGC's velocity, residuals), as numpy
-        arrays by field and tensor name; empty for stateless methods."""
-        from hvdsketch.compress.state import export_state
-
+        """Per-tensor state kept between steps (PowerSGD's Q, DGC's velocity), as numpy arrays by
+        field and tensor name; empty for stateless methods."""
         return export_state(self)
 
-    def load_state_dict(self, state: Mapping[str, Mapping[str, Any]],
-                        convert: "Callable[[str, Any], Any]") -> None:
+    def load_state_dict(self, state: Mapping[str, Mapping[str, Any]], convert: Convert) -> None:
         """Restore :meth:`state_dict`; ``convert(name, array)`` makes the back-end tensor of each array."""
-        from hvdsketch.compress.state import import_state
-
         import_state(self, state, convert)
-
-    def payload_bytes(self, messages: Sequence[Message]) -> int:
-        """Bytes this rank contributes to the collectives for ``messages``."""
-        from hvdsketch.ops import backend
-
-        return sum(backend(m.tensor).nbytes(m.tensor) for m in messages)
 
     def __str__(self) -> str:
         opts = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)  # type: ignore[arg-type]
                         if f.init and getattr(self, f.name) != f.default)
         return f"{self.name}:{opts}" if opts else self.name
-
-
-def run(compressor: Compressor, tensor: Any, ctx: TensorContext, reduce) -> Any:
-    """Drive one tensor's exchange to the end with ``reduce(messages) -> reduced``."""
-    gen = compressor.exchange(tensor, ctx)
-    messages = next(gen)
-    while True:
-        try:
-            messages = gen.send(reduce(messages))
-        except StopIteration as done:
-            return done.value

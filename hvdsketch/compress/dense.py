@@ -21,6 +21,10 @@ class NoCompression(Compressor):
     def decompress(self, reduced: Sequence[Any], state: Any, ctx: TensorContext) -> Any:
         return reduced[0]
 
+    def residual(self, tensor: Any, messages: Sequence[Message], state: Any, ctx: TensorContext) -> None:
+        """Nothing: the tensor travels whole."""
+        return None
+
 
 @dataclass(frozen=True)
 class HalfPrecision(Compressor):

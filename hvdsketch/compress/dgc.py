@@ -7,8 +7,8 @@ from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds, sparse
-from hvdsketch.compress.base import Compressor, Exchange, Message, ResidualMemory, TensorContext
-from hvdsketch.compress.state import LocalResidual, private_state, require_eager
+from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
+from hvdsketch.compress.state import private_state, require_eager
 from hvdsketch.ops import backend
 
 
@@ -27,9 +27,9 @@ class DeepGradientCompression(Compressor):
 
     The sent (index, value) pairs are allgathered and averaged as top-k's
     (:mod:`hvdsketch.compress.sparse`), so counts may differ by rank. Momentum is
-    applied here: step with plain SGD. ``v`` is error feedback: kept by the residual
-    memory passed to ``exchange`` or, when none is given, by the compressor itself;
-    ``u`` is always its own. The threshold sample is drawn with replacement from a
+    applied here (:meth:`prepare`, before error feedback): step with plain SGD. ``v``
+    is error feedback, part of the method (``feedback``): the exchanger keeps it in the
+    user's residual memory, or in float32 when none is given; ``u`` is the compressor's own. The threshold sample is drawn with replacement from a
     seed mixed from ``seed``, the name and the step; ``sample=1`` uses the whole tensor
     (exact threshold), so ``ratio=1,sample=1`` sends everything. The paper's
     warm-up (sparsity raised over the first epochs) is a schedule of ``ratio``
@@ -44,6 +44,7 @@ class DeepGradientCompression(Compressor):
     """
 
     name: ClassVar[str] = "dgc"
+    feedback: ClassVar[bool] = True
 
     ratio: float = 0.01
     momentum: float = 0.9
@@ -51,7 +52,6 @@ class DeepGradientCompression(Compressor):
     sample: float = 0.01
     seed: int = 0
     _velocity: dict = private_state()
-    _accumulated: LocalResidual = private_state(LocalResidual)
 
     def __post_init__(self) -> None:
         sparse.check_fraction("ratio", self.ratio)
@@ -61,20 +61,26 @@ class DeepGradientCompression(Compressor):
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"clip must be > 0 or none, got {self.clip}")
 
-    def exchange(self, tensor: Any, ctx: TensorContext, memory: ResidualMemory | None = None) -> Exchange:
+    def prepare(self, tensor: Any, ctx: TensorContext) -> Any:
+        """``u_t = m u_{t-1} + clip(g)``: the momentum-corrected gradient that error feedback accumulates."""
         ops = backend(tensor)
         require_eager(ops, tensor, self.name)
-        memory = self._accumulated if memory is None else memory
         u = self._clipped(ops, tensor, ctx.world_size)
         if self.momentum and ctx.name in self._velocity:
             u = self.momentum * self._velocity[ctx.name] + u
-        v = memory.compensate(ctx.name, u)
-        messages, indices = self.compress(v, ctx)
-        memory.update(ctx.name, v, self.estimate(messages, indices, ctx))
         if self.momentum:
+            self._velocity[ctx.name] = u
+        return u
+
+    def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
+        """Send the selection of ``v_t`` (the accumulated ``tensor``), then mask the momentum where sent."""
+        messages, indices = self.compress(tensor, ctx)
+        if self.momentum:
+            ops = backend(tensor)
+            u = self._velocity[ctx.name]
             sent = ops.reshape(ops.indicator(math.prod(ctx.shape), indices, ops.dtype_name(u)), ctx.shape)
             self._velocity[ctx.name] = u - u * sent
-        reduced = yield messages
+        reduced = yield Round(messages, lambda: self.residual(tensor, messages, indices, ctx))
         return self.decompress(reduced, indices, ctx)
 
     def _clipped(self, ops: ModuleType, g: Any, world_size: int) -> Any:

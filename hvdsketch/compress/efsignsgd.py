@@ -5,9 +5,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
-from hvdsketch.compress.base import Compressor, Exchange, Message, ResidualMemory, TensorContext
+from hvdsketch.compress.base import Compressor, Message, TensorContext
 from hvdsketch.compress.quantize import average_scaled
-from hvdsketch.compress.state import LocalResidual, private_state, require_eager
 from hvdsketch.ops import backend
 
 
@@ -18,9 +17,9 @@ class EFSignSGD(Compressor):
         p_t = g_t + e_t,   Δ_t = (||p_t||_1 / d) sign(p_t),   e_{t+1} = p_t - Δ_t
 
     The scale makes ``C`` a contraction, so with error feedback the method converges
-    at SGD's rate where plain signSGD may not converge at all. Error feedback comes
-    from the residual memory passed to ``exchange``, or, when none is given, from the
-    compressor's own full-precision residual: it is part of the method. Signs
+    at SGD's rate where plain signSGD may not converge at all. Error feedback is part
+    of the method (``feedback``): the exchanger keeps ``e`` in the residual memory the
+    user gives, or in float32 when none is given. Signs
     travel as bits, 8 per byte (``sign(0)`` sent as +), the scale as one value of
     the tensor's dtype; both are allgathered and every rank averages all ranks'
     ``C(p)``: 32x smaller than float32.
@@ -29,13 +28,7 @@ class EFSignSGD(Compressor):
     """
 
     name: ClassVar[str] = "efsignsgd"
-
-    _residuals: LocalResidual = private_state(LocalResidual)
-
-    def exchange(self, tensor: Any, ctx: TensorContext, memory: ResidualMemory | None = None) -> Exchange:
-        if memory is None:
-            require_eager(backend(tensor), tensor, self.name)
-        return (yield from super().exchange(tensor, ctx, self._residuals if memory is None else memory))
+    feedback: ClassVar[bool] = True
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
         ops = backend(tensor)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds
-from hvdsketch.compress.base import Compressor, Exchange, Message, ResidualMemory, TensorContext
-from hvdsketch.compress.state import LocalResidual, private_state, require_eager
+from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
+from hvdsketch.compress.state import private_state, require_eager
 from hvdsketch.ops import backend
 
 
@@ -23,8 +23,9 @@ class PowerSGD(Compressor):
     projection ``P^ P^^T M``: exact when the average of ``M`` has rank <= r (with a
     random start). ``Q`` is warm-started from the previous step's averaged ``Q``
     (Sec. 3, "warm start"), initially seeded uniform from ``seed`` and the name,
-    equal on every rank. Error feedback (Algorithm 2) uses the residual memory
-    passed to ``exchange`` or, when none is given, the compressor's own.
+    equal on every rank. Error feedback (Algorithm 2) is part of the method
+    (``feedback``): the exchanger keeps ``E`` in the user's residual memory, or in
+    float32 when none is given.
     Orthogonalization is a reduced QR. Tensors of rank < 2, and matrices where
     ``r (n + m) >= n m`` (nothing saved), are averaged dense in one round.
 
@@ -34,11 +35,11 @@ class PowerSGD(Compressor):
     """
 
     name: ClassVar[str] = "powersgd"
+    feedback: ClassVar[bool] = True
 
     rank: int = 1
     seed: int = 0
     _q: dict = private_state()
-    _residuals: LocalResidual = private_state(LocalResidual)
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -51,17 +52,14 @@ class PowerSGD(Compressor):
         n, m = shape[0], math.prod(shape[1:])
         return (n, m) if self.rank * (n + m) < n * m else None
 
-    def exchange(self, tensor: Any, ctx: TensorContext, memory: ResidualMemory | None = None) -> Exchange:
+    def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
         if self.matrix(ctx.shape) is None:
-            return (yield from super().exchange(tensor, ctx, memory))
+            return (yield from super().exchange(tensor, ctx))
         require_eager(backend(tensor), tensor, self.name)
-        memory = self._residuals if memory is None else memory
-        m = memory.compensate(ctx.name, tensor)
-        messages, matrix = self.compress(m, ctx)
-        p = yield messages
+        messages, matrix = self.compress(tensor, ctx)
+        p = yield Round(messages)
         messages, p_hat = self.project(p, matrix)
-        memory.update(ctx.name, m, self.estimate(messages, p_hat, ctx))
-        q = yield messages
+        q = yield Round(messages, lambda: self.residual(tensor, messages, p_hat, ctx))
         self._q[ctx.name] = q[0]
         return self.decompress(q, p_hat, ctx)
 

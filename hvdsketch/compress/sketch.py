@@ -42,51 +42,11 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
-from hvdsketch.compress.base import Compressor, Exchange, Message, TensorContext
+from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
 from hvdsketch.compress.hashing import HashFamily
 from hvdsketch.compress.state import private_state
+from hvdsketch.compress.support import Layout, RowSparse
 from hvdsketch.ops import backend
-
-
-@dataclass(frozen=True)
-class RowSparse:
-    """A gradient given as distinct row indices and their rows (``nn.Embedding(sparse=True)``,
-    ``tf.IndexedSlices``), never materialised dense."""
-
-    indices: Any
-    values: Any
-    dense_shape: tuple[int, ...]
-
-    def to_dense(self) -> Any:
-        """The dense tensor (rows given twice are summed)."""
-        ops = backend(self.values)
-        row_len = math.prod(self.dense_shape[1:])
-        coords = ops.outer_add(ops.cast(self.indices, "int64") * row_len, ops.arange(row_len))
-        dense = ops.scatter_add(math.prod(self.dense_shape), coords, ops.flatten(self.values))
-        return ops.reshape(dense, self.dense_shape)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How a tensor of ``numel`` elements splits into ``units`` support units of ``unit_len``."""
-
-    numel: int
-    units: int
-    unit_len: int
-
-    @classmethod
-    def of(cls, shape: Sequence[int], block: int) -> "Layout":
-        numel = math.prod(shape)
-        if len(shape) >= 2 and shape[0] > 0:
-            return cls(numel, shape[0], numel // shape[0])
-        return cls(numel, -(-numel // block), block)
-
-    def coordinates(self, ops: ModuleType, units: Any) -> Any:
-        """Flat indices of every element of the given units (int64)."""
-        coords = ops.outer_add(units * self.unit_len, ops.arange(self.unit_len))
-        if self.units * self.unit_len == self.numel:
-            return coords
-        return ops.where_less(coords, self.numel)
 
 
 @dataclass(frozen=True)
@@ -145,31 +105,35 @@ class SparseSketch(Compressor):
         """One allreduce carries the exchange only when the sketch is sized in advance."""
         return self.density is not None or self.ratio is not None
 
-    def exchange(self, tensor: Any, ctx: TensorContext, memory: Any = None) -> Exchange:
+    def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
         """With ``density`` unset: first OR the ranks' bitmaps into the union, then send the sketch
         sized for it, or the dense tensor."""
         if self.drop_in:
-            return (yield from super().exchange(tensor, ctx, memory))
-        if memory is not None:
-            tensor = memory.compensate(ctx.name, tensor)
+            return (yield from super().exchange(tensor, ctx))
         left = self._dense_for.pop(ctx.name, 0)
         if left > 1:
             self._dense_for[ctx.name] = left - 1
-            return (yield from self.send(tensor, ctx, memory, plan=None))
+            return (yield from self._send(tensor, ctx, plan=None))
         layout = Layout.of(ctx.shape, self.block)
         found = self._nonzeros(tensor, layout)
         ops, support = found[:2]
         if ops.is_symbolic(support):
             raise ValueError("hvdsketch: inside tf.function the sketch cannot agree on its size each step; "
                              "give it a fixed bound, e.g. sketch:density=0.05")
-        (bits,) = yield [Message(ops.pack_bits(ops.indicator(layout.units, support, "uint8")), "bor")]
+        (bits,) = yield Round([Message(ops.pack_bits(ops.indicator(layout.units, support, "uint8")), "bor")])
         union = ops.positive(ops.unpack_bits(bits)[:layout.units])
         plan = self.plan(ctx.shape, ops.shape(union)[0])
         if plan is None:
             if self.recheck > 1:
                 self._dense_for[ctx.name] = self.recheck
-            return (yield from self.send(tensor, ctx, memory, plan=None))
-        return (yield from self.send(tensor, ctx, memory, plan=plan, union=union, found=found))
+            return (yield from self._send(tensor, ctx, plan=None))
+        return (yield from self._send(tensor, ctx, plan=plan, union=union, found=found))
+
+    def _send(self, tensor: Any, ctx: TensorContext, **options: Any) -> Exchange:
+        """The last round: the cells (or the dense tensor) as :meth:`compress` makes them with ``options``."""
+        messages, state = self.compress(tensor, ctx, **options)
+        reduced = yield Round(messages, lambda: self.residual(tensor, messages, state, ctx))
+        return self.decompress(reduced, state, ctx)
 
     def plan(self, shape: Sequence[int], units_bound: int | None = None) -> SketchPlan | None:
         """The sketch for a tensor of ``shape`` whose union has at most ``units_bound`` non-zero

@@ -1,9 +1,9 @@
 """State a compressor keeps between steps, per tensor name.
 
 Compressors are frozen dataclasses whose fields are the flag's options; what
-they must remember (DGC's velocity, PowerSGD's warm-start Q, an error-feedback
-residual) lives in fields made by :func:`private_state`, which stay out of the
-constructor, ``repr``, ``==`` and the flag. Each rank's compressor object holds
+they must remember (DGC's velocity, PowerSGD's warm-start Q) lives in fields
+made by :func:`private_state`, which stay out of the constructor, ``repr``,
+``==`` and the flag. Each rank's compressor object holds
 its own state, and :func:`export_state` / :func:`import_state` carry it through
 a checkpoint as numpy arrays, so a resumed run continues as the uninterrupted one.
 """
@@ -32,31 +32,9 @@ def require_eager(ops: ModuleType, tensor: Any, method: str) -> None:
                          f"tf.function would freeze at tracing; run the exchange eagerly (outside tf.function)")
 
 
-class LocalResidual:
-    """A compressor's own error-feedback memory (a :class:`~hvdsketch.compress.base.ResidualMemory`):
-    one full-precision residual per tensor name, ``e = compensated - estimate``.
-
-    Methods whose error feedback is part of the algorithm (DGC's accumulation,
-    PowerSGD's and EF-SignSGD's residual) use it when no memory is passed to
-    :meth:`~hvdsketch.compress.base.Compressor.exchange`.
-    """
-
-    def __init__(self) -> None:
-        self._residuals: dict[str, Any] = {}
-
-    def compensate(self, name: str, tensor: Any) -> Any:
-        residual = self._residuals.get(name)
-        return tensor if residual is None else tensor + residual
-
-    def update(self, name: str, compensated: Any, estimate: Any) -> None:
-        self._residuals[name] = compensated - estimate
-
-
 def _per_name(compressor: Any) -> dict[str, dict[str, Any]]:
     """The compressor's private-state fields, each as its dict of tensor name -> value."""
-    fields = [f for f in dataclasses.fields(compressor) if not f.init and not f.compare]
-    values = {f.name: getattr(compressor, f.name) for f in fields}
-    return {name: v._residuals if isinstance(v, LocalResidual) else v for name, v in values.items()}
+    return {f.name: getattr(compressor, f.name) for f in dataclasses.fields(compressor) if not f.init and not f.compare}
 
 
 def export_state(compressor: Any) -> dict[str, dict[str, np.ndarray]]:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import sparse
 from hvdsketch.compress.base import Compressor, Message, TensorContext
-from hvdsketch.compress.sketch import RowSparse
+from hvdsketch.compress.support import RowSparse
 from hvdsketch.ops import backend
 
 

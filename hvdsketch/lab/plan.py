@@ -107,18 +107,12 @@ def _gradients(workload: Any, steps: int) -> Iterator[dict[str, Any]]:
 def _observe(compressor: Any, gradients: Iterator[dict[str, Any]], memory: PlannedMemory) -> None:
     """Run every gradient's exchange on one rank with ``memory`` observing the residuals."""
     from hvdsketch.compress import TensorContext
+    from hvdsketch.exchange import run_local
     from hvdsketch.ops import backend
 
     for step, grads in enumerate(gradients):
         for name, grad in grads.items():
-            ctx = TensorContext(name, backend(grad).shape(grad), step, world_size=1)
-            exchange = compressor.exchange(grad, ctx, memory)
-            messages = next(exchange)
-            try:
-                while True:
-                    messages = exchange.send([m.tensor for m in messages])
-            except StopIteration:
-                pass
+            run_local(compressor, grad, TensorContext(name, backend(grad).shape(grad), step, world_size=1), memory)
 
 
 def plan_from_config(path: str, steps: int, budget: float | None, budget_bytes: int | None,

@@ -10,7 +10,7 @@ store per tensor within a budget. Unknown names or options raise
 Use::
 
     memory = hvdsketch.memory.create("plan:budget=0.25")
-    exchange_all(jobs, communicator, memory=memory)          # compensate / update per tensor
+    DistributedOptimizer(..., memory=memory)                 # compensate / update per tensor
     memory.nbytes(), memory.host_nbytes(), memory.seconds    # residual bytes, time per store
     state = memory.state_dict()                              # nested dicts of numpy arrays
     memory.load_state_dict(state)                            # resume bit for bit

@@ -71,10 +71,12 @@ class PlannedMemory(Memory):
             self._switch(tensor)
         return super().compensate(name, tensor)
 
-    def update(self, name: str, compensated: Any, estimate: Any) -> None:
+    def keeps(self, name: str) -> bool:
+        return self.plan is None or super().keeps(name)
+
+    def update(self, name: str, residual: Any) -> None:
         if self.plan is not None:
-            return super().update(name, compensated, estimate)
-        residual = compensated - estimate
+            return super().update(name, residual)
         self.warmup.observe(name, residual)
         self.put(backend(residual), name, self.default, residual)
 

@@ -1,8 +1,9 @@
 """A residual memory: each tensor's error-feedback state, kept by the store its name maps to.
 
-:class:`Memory` implements :class:`hvdsketch.compress.base.ResidualMemory`
-(``compensate`` before compression, ``update`` after) for any back-end; the
-arithmetic is the back-end's, the stores are :mod:`hvdsketch.memory.stores`.
+:class:`Memory` is what the exchanger (:mod:`hvdsketch.exchange`) calls around
+every compressor: ``compensate`` before compression, ``update`` with what the
+messages left out after; the arithmetic is the back-end's, the stores are
+:mod:`hvdsketch.memory.stores`.
 
 Checkpoints: :meth:`Memory.state_dict` returns nested dicts of plain numpy
 arrays and strings, independent of framework and device::
@@ -71,13 +72,15 @@ class Memory:
         self._set(slot, store, held)
         return tensor if residual is None else tensor + residual
 
-    def update(self, name: str, compensated: Any, estimate: Any) -> None:
-        """Keep ``e = compensated - estimate``, what this rank's messages failed to carry."""
+    def keeps(self, name: str) -> bool:
+        """Whether ``name``'s residual is kept at all (so the exchanger can skip computing it)."""
+        return self.store(name).keeps
+
+    def update(self, name: str, residual: Any) -> None:
+        """Keep ``residual``, what this rank's messages failed to carry of the compensated tensor."""
         store = self.store(name)
-        if not store.keeps:
-            return
-        ops = backend(compensated)
-        self.put(ops, name, store, compensated - estimate)
+        if store.keeps:
+            self.put(backend(residual), name, store, residual)
 
     def put(self, ops: ModuleType, name: str, store: Store, residual: Any) -> None:
         """Fold ``residual`` into ``name``'s state as ``store`` keeps it."""

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any, ClassVar, Iterator, Sequence
 
 from hvdsketch.compress.hashing import HashFamily
-from hvdsketch.compress.sketch import Layout
+from hvdsketch.compress.support import Layout
 from hvdsketch.memory.stores import ITEMSIZE, Fp32, State, Store, numel
 
 

@@ -33,7 +33,7 @@ def flatten(x: Tensor) -> Tensor:
     return np.reshape(x, (-1,))
 
 
-def zeros(n: int | Sequence[int], dtype: str) -> Tensor:
+def zeros(n: int | Sequence[int], dtype: str, like: Tensor | None = None) -> Tensor:
     return np.zeros(n, dtype=dtype)
 
 
@@ -41,7 +41,7 @@ def arange(n: int) -> Tensor:
     return np.arange(n, dtype=np.int64)
 
 
-def constant(values: Sequence[float], dtype: str) -> Tensor:
+def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) -> Tensor:
     return np.asarray(values, dtype=dtype)
 
 
@@ -108,8 +108,19 @@ def where_less(x: Tensor, bound: int) -> Tensor:
     return x[x < bound]
 
 
-def all_finite(x: Tensor) -> bool:
-    return bool(np.isfinite(x).all())
+def all_finite_flag(x: Tensor) -> Tensor:
+    """A 0-d truth: every element of ``x`` is finite."""
+    return np.isfinite(x).all()
+
+
+def all_true(flags: Sequence[Tensor]) -> bool:
+    """Whether every 0-d truth in ``flags`` holds."""
+    return bool(np.all([bool(f) for f in flags]))
+
+
+def check_true(flag: Tensor, message: str) -> None:
+    if not bool(flag):
+        raise ValueError(message)
 
 
 def check_finite(x: Tensor, message: str) -> Tensor:

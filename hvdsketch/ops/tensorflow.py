@@ -37,7 +37,7 @@ def flatten(x: Tensor) -> Tensor:
     return tf.reshape(x, [-1])
 
 
-def zeros(n: int | Sequence[int], dtype: str) -> Tensor:
+def zeros(n: int | Sequence[int], dtype: str, like: Tensor | None = None) -> Tensor:
     return tf.zeros(n, dtype=dtype)
 
 
@@ -45,7 +45,7 @@ def arange(n: int) -> Tensor:
     return tf.range(n, dtype=tf.int64)
 
 
-def constant(values: Sequence[float], dtype: str) -> Tensor:
+def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) -> Tensor:
     return tf.constant(list(values), dtype=dtype)
 
 
@@ -101,8 +101,23 @@ def where_less(x: Tensor, bound: int) -> Tensor:
     return tf.boolean_mask(x, x < bound)
 
 
-def all_finite(x: Tensor) -> bool:
-    return bool(tf.reduce_all(tf.math.is_finite(x)))
+def all_finite_flag(x: Tensor) -> Tensor:
+    """A 0-d truth: every element of ``x`` is finite."""
+    return tf.reduce_all(tf.math.is_finite(x))
+
+
+def all_true(flags: Sequence[Tensor]) -> bool:
+    """Whether every 0-d truth in ``flags`` holds (eager: one host sync)."""
+    return bool(tf.reduce_all(tf.stack(flags))) if flags else True
+
+
+def check_true(flag: Tensor, message: str) -> None:
+    """Eagerly raises ``ValueError``; inside ``tf.function`` an assertion that runs with the step."""
+    if tf.executing_eagerly():
+        if not bool(flag):
+            raise ValueError(message)
+    else:
+        tf.debugging.Assert(flag, [message])
 
 
 def check_finite(x: Tensor, message: str) -> Tensor:

@@ -46,8 +46,8 @@ def arange(n: int) -> Tensor:
     return torch.arange(n, dtype=torch.int64)
 
 
-def constant(values: Sequence[float], dtype: str) -> Tensor:
-    return torch.tensor(list(values), dtype=_DTYPES[dtype])
+def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) -> Tensor:
+    return torch.tensor(list(values), dtype=_DTYPES[dtype], device=None if like is None else like.device)
 
 
 def concat(xs: Sequence[Tensor]) -> Tensor:
@@ -107,8 +107,19 @@ def where_less(x: Tensor, bound: int) -> Tensor:
     return x[x < bound]
 
 
-def all_finite(x: Tensor) -> bool:
-    return bool(torch.isfinite(x).all())
+def all_finite_flag(x: Tensor) -> Tensor:
+    """A 0-d truth on ``x``'s device: every element of ``x`` is finite (no host sync)."""
+    return torch.isfinite(x).all()
+
+
+def all_true(flags: Sequence[Tensor]) -> bool:
+    """Whether every 0-d truth in ``flags`` holds: one host sync for all of them."""
+    return bool(torch.stack([f.reshape(()) for f in flags]).all()) if flags else True
+
+
+def check_true(flag: Tensor, message: str) -> None:
+    if not bool(flag):
+        raise ValueError(message)
 
 
 def check_finite(x: Tensor, message: str) -> Tensor:

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch import spec as _spec
-from hvdsketch.collectives import Communicator
+from hvdsketch.collectives import Communicator, reduce
 from hvdsketch.compress import Compressor, Message, TensorContext, create
 from hvdsketch.memory.stores import flag
 from hvdsketch.ops import backend
@@ -119,7 +119,7 @@ class AutoPolicy(Policy):
     def __init__(self, options: "AutoOptions | str" = AutoOptions()) -> None:
         self.options = parse(options) if isinstance(options, str) else options
         self._calls = 0
-        self._plan_at: int | None = self.options.warmup  # the call that decides next
+        self._plan_at: int | None = self.options.warmup  # the first step the next decision applies to
         self._link: Link | None = None
         self._side: Communicator | None = None
         self._window: dict[str, tuple[float, float]] = {}  # name -> max (element, unit) density
@@ -143,25 +143,33 @@ class AutoPolicy(Policy):
         """The link the cost model prices with (probed or given), once known."""
         return self._link
 
-    def select(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], communicator: Communicator,
-               traced: bool = False) -> list[Compressor]:
+    def compressor(self, ctx: TensorContext) -> Compressor:
+        return self._decision.get(ctx.name) or self._instance("none")
+
+    @property
+    def wants_inputs(self) -> bool:
+        """The ``warmup`` steps observed before a decision (the last of them decides)."""
+        return self._plan_at is not None and self._calls >= self._plan_at - self.options.warmup
+
+    def end_step(self, inputs: Sequence[tuple[Any, TensorContext]], communicator: Communicator,
+                 traced: bool = False) -> None:
         from hvdsketch.exchange import is_passthrough
 
         index, self._calls = self._calls, self._calls + 1
-        live = [i for i, t in enumerate(tensors) if not is_passthrough(t)]
-        if live:
-            if self._side is None:
-                self._side = side_channel(communicator)
-            if self._link is None:
-                self._link = self._given_or_probed(values_of(tensors[live[0]]))
-            due = self._plan_at is not None and index >= self._plan_at - self.options.warmup
-            if due or (traced and self.pending):
-                self._observe([tensors[i] for i in live], [contexts[i] for i in live])
-            if index == self._plan_at or (traced and self.pending):
-                self._decide([tensors[i] for i in live], [contexts[i] for i in live], traced)
-                self._plan_at = index + self.options.replan if self.options.replan else None
-        none = self._instance("none")
-        return [self._decision.get(ctx.name, none) for ctx in contexts]
+        live = [(t, ctx) for t, ctx in inputs if not is_passthrough(t)]
+        if not live:
+            return
+        tensors, contexts = [t for t, _ in live], [ctx for _, ctx in live]
+        if self._side is None:
+            self._side = side_channel(communicator)
+        if self._link is None:
+            self._link = self._given_or_probed(values_of(tensors[0]))
+        due = self._plan_at is not None and index >= self._plan_at - self.options.warmup
+        if due or (traced and self.pending):
+            self._observe(tensors, contexts)
+        if index == (self._plan_at or 0) - 1 or (traced and self.pending):
+            self._decide(tensors, contexts, traced)
+            self._plan_at = index + 1 + self.options.replan if self.options.replan else None
 
     # -- steps of the decision --------------------------------------------------------------------
 
@@ -205,7 +213,8 @@ class AutoPolicy(Policy):
         side, link = self._side, self._link
         ops = backend(values_of(tensors[0]))
         stats = [x for ctx in contexts for x in self._window.get(ctx.name, (1.0, 1.0))]
-        (gathered,) = side.reduce([Message(ops.constant(stats, "float64"), "allgather")])
+        like = values_of(tensors[0])
+        (gathered,) = reduce(side, [Message(ops.constant(stats, "float64", like), "allgather")], "hvdsketch.auto.stats")
         # every rank reduces the same gathered numbers in the same order: the same candidates everywhere
         per_rank = ops.to_numpy(gathered).reshape(side.size, len(contexts), 2)
         element, union = per_rank[..., 0].max(axis=0), per_rank[..., 1].sum(axis=0)
@@ -213,13 +222,13 @@ class AutoPolicy(Policy):
                    for t, ctx, e, u in zip(tensors, contexts, element, union)]
         local = [[measure(c, t, ctx) for c in cands] for t, ctx, cands in zip(tensors, contexts, options)]
         flat = [link.latency, 1 / link.bandwidth] + [x for ms in local for m in ms for x in (m.compute, m.wire)]
-        (worst,) = side.reduce([Message(ops.constant(flat, "float64"), "max")])
+        (worst,) = reduce(side, [Message(ops.constant(flat, "float64", like), "max")], "hvdsketch.auto.costs")
         worst = [float(x) for x in ops.to_numpy(worst)]
         self._link = link = Link(worst[0], 1 / worst[1] if worst[1] else math.inf)
         pairs = iter(zip(worst[2::2], worst[3::2]))
         measured = [[Measurement(c, int(w), m.calls) for m, (c, w) in zip(ms, pairs)] for ms in local]
         choice = [self.choose(ms, link) for ms in measured]
-        (gathered,) = side.reduce([Message(ops.constant(choice, "int64"), "allgather")])
+        (gathered,) = reduce(side, [Message(ops.constant(choice, "int64", like), "allgather")], "hvdsketch.auto.choice")
         choice = [int(x) for x in ops.to_numpy(gathered)[:len(choice)]]  # rank 0's
         self._window = {}
         self._decision = {ctx.name: cands[k] for ctx, cands, k in zip(contexts, options, choice)}
@@ -227,7 +236,7 @@ class AutoPolicy(Policy):
                                   ms[k].seconds(link), ms[0].seconds(link))
                        for ctx, e, cands, ms, k in zip(contexts, element, options, measured, choice)]
         announce(self._table, f"hvdsketch auto: {side.size} ranks, link {link.bandwidth * 8 / 1e9:.3g} Gbit/s, "
-                              f"latency {link.latency * 1e3:.3g} ms (decided at step {self._calls - 1})", side)
+                              f"latency {link.latency * 1e3:.3g} ms (decided after step {self._calls - 1})", side)
 
     def choose(self, measured: Sequence[Measurement], link: Link) -> int:
         """The cheapest candidate (index into ``measured``; 0 is ``none``), if it beats dense by the margin."""

@@ -1,19 +1,23 @@
-"""What a compression policy is: a compressor for every tensor of a step.
+"""What a compression policy is: a compressor for every tensor, decided at step boundaries.
 
-The adapters (PyTorch optimizer, TensorFlow tape) call, every step::
+The exchanger (:mod:`hvdsketch.exchange`) asks, for each gradient as it becomes
+ready::
 
-    compressors = policy.select(tensors, contexts, communicator)
-    exchange_all(zip(compressors, tensors, contexts), communicator, memory)
+    compressor = policy.compressor(ctx)              # what was decided before this step
 
-``tensors`` are the step's gradients as the exchange takes them (dense, or
-:class:`~hvdsketch.compress.RowSparse`), ``contexts`` their names and shapes.
-Every rank calls ``select`` with the same names and shapes in the same order
-(the adapters verify it), so a policy may run collectives of its own inside it
-to agree on a decision. ``pending`` says whether ``select`` still needs to see
-real values: inside ``tf.function`` the tape then passes eager stand-ins with
-``traced=True``; the policy decides at once, choosing only compressors that
-work in a graph (no per-step state kept in Python), and the traced graph keeps
-that decision.
+and once the step's exchanges have finished, at the step boundary::
+
+    policy.end_step(inputs, communicator)            # may look at the step's gradients, decide
+
+``inputs`` are the step's gradients as the exchange took them (dense, or
+:class:`~hvdsketch.compress.RowSparse`) with their contexts, given only while
+:attr:`Policy.wants_inputs`. Every rank ends the same steps with the same names
+and shapes (the exchanger checks it), so ``end_step`` may run collectives of its
+own to agree on a decision. Inside ``tf.function`` a policy still deciding
+(:attr:`Policy.pending`) is handed eager stand-ins with ``traced=True`` before
+the graph is built, decides at once, choosing only compressors that work in a
+graph (no per-step state kept in Python), and the traced graph keeps that
+decision.
 """
 from __future__ import annotations
 
@@ -31,14 +35,21 @@ class Policy(ABC):
     """Chooses a compressor per tensor."""
 
     @abstractmethod
-    def select(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], communicator: Communicator,
-               traced: bool = False) -> list[Compressor]:
-        """The compressor of each tensor for this step; ``traced``: for a graph being traced, decide
-        now, from these (stand-in) values."""
+    def compressor(self, ctx: TensorContext) -> Compressor:
+        """The compressor of the tensor ``ctx`` describes, for this step."""
+
+    @property
+    def wants_inputs(self) -> bool:
+        """True when :meth:`end_step` of this step needs the step's gradients."""
+        return False
+
+    def end_step(self, inputs: Sequence[tuple[Any, TensorContext]], communicator: Communicator,
+                 traced: bool = False) -> None:
+        """A step has ended (or, ``traced``, a graph is being built from these stand-ins: decide now)."""
 
     @property
     def pending(self) -> bool:
-        """True while :meth:`select` still needs to look at gradient values."""
+        """True while the policy still needs to look at gradient values."""
         return False
 
     @property
@@ -63,17 +74,16 @@ class Fixed(Policy):
     """One compressor for every tensor: what a plain flag such as ``sketch:error=0.5`` means."""
 
     def __init__(self, compressor: Compressor) -> None:
-        self.compressor = compressor
+        self._compressor = compressor
 
-    def select(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], communicator: Communicator,
-               traced: bool = False) -> list[Compressor]:
-        return [self.compressor] * len(tensors)
+    def compressor(self, ctx: TensorContext) -> Compressor:
+        return self._compressor
 
     def compressors(self) -> dict[str, Compressor]:
-        return {str(self.compressor): self.compressor}
+        return {str(self._compressor): self._compressor}
 
     def __str__(self) -> str:
-        return str(self.compressor)
+        return str(self._compressor)
 
 
 def side_channel(communicator: Communicator) -> Communicator:

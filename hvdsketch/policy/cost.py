@@ -31,8 +31,7 @@ from typing import Any, Sequence
 
 from hvdsketch.collectives.stats import ring_allreduce_bytes
 from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
-from hvdsketch.compress.base import run
-from hvdsketch.compress.sketch import Layout
+from hvdsketch.compress.support import Layout, values_of
 from hvdsketch.ops import backend
 from hvdsketch.spec import SpecError
 
@@ -106,29 +105,22 @@ def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: in
     allocations), and count the bytes its messages would put on the wire over ``ctx.world_size``
     ranks. A fresh instance of the compressor runs, so its per-tensor state (PowerSGD's Q and
     residual) is left untouched."""
-    from hvdsketch.exchange import prepared
+    from hvdsketch.exchange import run_local
 
-    rounds: list[list[Message]] = []
-
-    def local(messages: Sequence[Message]) -> list[Any]:
-        rounds.append(list(messages))
-        return [m.tensor for m in messages]
-
-    best = math.inf
+    best, rounds = math.inf, []
     for _ in range(repeats):
-        rounds.clear()
         fresh = create(str(compressor))
         start = time.perf_counter()
-        run(fresh, prepared(tensor, fresh), ctx, local)
+        _, rounds = run_local(fresh, tensor if fresh.row_sparse else densified(tensor), ctx)
         best = min(best, time.perf_counter() - start)
     size = ctx.world_size
     wire = sum(wire_bytes(m.op, backend(m.tensor).nbytes(m.tensor), size) for r in rounds for m in r)
     return Measurement(best, wire, _calls(rounds, values_of(tensor)))
 
 
-def values_of(tensor: Any) -> Any:
-    """The values of a dense or row-sparse gradient (what has a dtype and a device)."""
-    return tensor.values if isinstance(tensor, RowSparse) else tensor
+def densified(tensor: Any) -> Any:
+    """A row-sparse gradient as the dense tensor a dense-only compressor takes (others as they are)."""
+    return tensor.to_dense() if isinstance(tensor, RowSparse) else tensor
 
 
 def _calls(rounds: Sequence[Sequence[Message]], tensor: Any) -> int:

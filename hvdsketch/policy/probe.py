@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Any
 
-from hvdsketch.collectives import Communicator
+from hvdsketch.collectives import Communicator, reduce
 from hvdsketch.compress import Message
 from hvdsketch.ops import backend
 from hvdsketch.policy.cost import Link, wire_bytes
@@ -31,14 +31,14 @@ PROBE_BYTES = 4 << 20
 def probe(communicator: Communicator, like: Any, nbytes: int = PROBE_BYTES, repeats: int = 3) -> Link:
     """The :class:`Link` measured on this rank (float32 allreduces on ``like``'s device)."""
     ops = backend(like)
-    small = ops.to_device(ops.zeros(1, "float32"), like)
-    big = ops.to_device(ops.zeros(max(1, nbytes // 4), "float32"), like)
+    small = ops.zeros(1, "float32", like)
+    big = ops.zeros(max(1, nbytes // 4), "float32", like)
 
     def typical(tensor: Any) -> float:
         times = []
         for _ in range(repeats + 1):  # the first is untimed
             start = time.perf_counter()
-            ops.to_numpy(communicator.reduce([Message(tensor, "average")])[0])
+            ops.to_numpy(reduce(communicator, [Message(tensor, "average")], f"hvdsketch.probe.{ops.shape(tensor)[0]}")[0])
             times.append(time.perf_counter() - start)
         return statistics.median(times[1:])
 

@@ -144,36 +144,37 @@ class Rules(Policy):
         """The first rule matching a tensor, or ``None`` (the default applies)."""
         return next((r for r in self.rules if r.matches(name, shape)), None)
 
-    def select(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], communicator: Communicator,
-               traced: bool = False) -> list[Compressor]:
-        for ctx in contexts:
-            if ctx.name not in self._matched:
-                rule = self.rule_for(ctx.name, ctx.shape)
-                self._matched[ctx.name] = None if rule is None else self.rules.index(rule)
-        out: list[Compressor | None] = [
-            None if self._matched[ctx.name] is None else self._compressors[self.rules[self._matched[ctx.name]].compression]
-            for ctx in contexts]
-        rest = [i for i, c in enumerate(out) if c is None]
-        if rest:
-            chosen = self.default.select([tensors[i] for i in rest], [contexts[i] for i in rest], communicator,
-                                         traced)
-            for i, compressor in zip(rest, chosen):
-                out[i] = compressor
-        if self._table is None:
-            self._tabulate(tensors, contexts, out, communicator)
-        return out
+    def compressor(self, ctx: TensorContext) -> Compressor:
+        if ctx.name not in self._matched:
+            rule = self.rule_for(ctx.name, ctx.shape)
+            self._matched[ctx.name] = None if rule is None else self.rules.index(rule)
+        index = self._matched[ctx.name]
+        return self.default.compressor(ctx) if index is None else self._compressors[self.rules[index].compression]
 
-    def _tabulate(self, tensors: Sequence[Any], contexts: Sequence[TensorContext], compressors: Sequence[Compressor],
-                  communicator: Communicator) -> None:
+    @property
+    def wants_inputs(self) -> bool:
+        return self._table is None or self.default.wants_inputs
+
+    def end_step(self, inputs: Sequence[tuple[Any, TensorContext]], communicator: Communicator,
+                 traced: bool = False) -> None:
+        for _, ctx in inputs:
+            self.compressor(ctx)  # match every tensor, also those a traced graph has not exchanged yet
+        self.default.end_step([(t, ctx) for t, ctx in inputs if self._matched[ctx.name] is None], communicator,
+                              traced)
+        if self._table is None:
+            self._tabulate(inputs, communicator)
+
+    def _tabulate(self, inputs: Sequence[tuple[Any, TensorContext]], communicator: Communicator) -> None:
         """The rows of the rule-matched tensors, measured on rank 0 (the rank that prints and records)."""
-        self._order = {ctx.name: i for i, ctx in enumerate(contexts)}
+        self._order = {ctx.name: i for i, (_, ctx) in enumerate(inputs)}
         self._table = []
         if communicator.rank != 0:
             return
         dense = create("none")
-        for tensor, ctx, compressor in zip(tensors, contexts, compressors):
+        for tensor, ctx in inputs:
             if self._matched[ctx.name] is None or is_passthrough(tensor):
                 continue
+            compressor = self.compressor(ctx)
             self._table.append(Assignment(ctx.name, tuple(ctx.shape), densities(tensor, ctx.shape, BLOCK)[0],
                                           str(compressor), measure(compressor, tensor, ctx, repeats=1).wire,
                                           measure(dense, tensor, ctx, repeats=1).wire))

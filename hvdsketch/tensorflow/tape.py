@@ -18,7 +18,6 @@ since the tape is made anew every step.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, Mapping
 
 import tensorflow as tf
@@ -27,52 +26,43 @@ from hvdsketch import policy as _policy
 from hvdsketch import spec
 from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.compress import Compressor, RowSparse, TensorContext
-from hvdsketch.exchange import exchange_all, verify_agreement
+from hvdsketch.compress.support import values_of
+from hvdsketch.exchange import Exchanger
 from hvdsketch.ops import tensorflow as tf_ops
 from hvdsketch.policy import Policy
-from hvdsketch.policy.cost import values_of
 
-_steps = itertools.count()
-_policies: dict[str, Policy] = {}  # flag -> its policy, shared by the tapes made each step
+_exchangers: dict[str, Exchanger] = {}  # flag and memory -> the exchanger shared by the tapes made each step
 
 
 class _DistributedGradientTape(tf.GradientTape):
-    def __init__(self, tape: tf.GradientTape, policy: Policy, memory: Any,
-                 communicator: HorovodCommunicator, persistent: bool = False,
+    def __init__(self, tape: tf.GradientTape, exchanger: Exchanger, persistent: bool = False,
                  watch_accessed_variables: bool = True) -> None:
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
-        self._policy = policy
-        self._memory = memory
-        self._communicator = communicator
+        self._exchanger = exchanger
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
-        if self._memory is not None and not tf.executing_eagerly():
-            raise ValueError("hvdsketch: residual memory keeps its state in Python, which tf.function would "
-                             "freeze at tracing; run the training step eagerly, or without memory=")
         grads = super(self.__class__, self).gradient(target, sources, output_gradients, **kwargs)
         flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads)
         names = [getattr(s, "name", f"source.{i}").removesuffix(":0") for i, s in enumerate(flat_sources)]
         shapes = [tuple(int(d) for d in s.shape) for s in flat_sources]
-        layout = ";".join(f"{n}:{s}" for n, s in zip(names, shapes))
-        verify_agreement(self._communicator, f"{self._policy}|{self._memory}|{layout}", tf_ops)
-        step = next(_steps)
+        exchanger = self._exchanger
+        if not exchanger.verified:
+            with tf.init_scope():
+                exchanger.verify(list(zip(names, shapes)), tf_ops)
         present = [i for i, g in enumerate(flat_grads) if g is not None]
-        inputs = [_as_hvdsketch(flat_grads[i]) for i in present]
-        contexts = [TensorContext(names[i], shapes[i], step, self._communicator.size, self._communicator.rank)
-                    for i in present]
-        jobs = list(zip(self._select(inputs, contexts), inputs, contexts))
-        for i, averaged in zip(present, exchange_all(jobs, self._communicator, self._memory)):
-            flat_grads[i] = _as_tf(averaged)
+        inputs = {names[i]: _as_hvdsketch(flat_grads[i]) for i in present}
+        policy = exchanger.policy
+        if policy.pending and inputs and tf_ops.is_symbolic(values_of(next(iter(inputs.values())))):
+            with tf.init_scope():  # a graph keeps its compressors: decide now, on eager stand-ins
+                contexts = [TensorContext(names[i], shapes[i], exchanger.step, exchanger.communicator.size,
+                                          exchanger.communicator.rank) for i in present]
+                policy.end_step([(_stand_in(g, ctx.shape), ctx) for g, ctx in zip(inputs.values(), contexts)],
+                                exchanger.communicator, traced=True)
+        averaged = exchanger.exchange(inputs)
+        for i in present:
+            flat_grads[i] = _as_tf(averaged[names[i]])
         return tf.nest.pack_sequence_as(grads, flat_grads)
-
-    def _select(self, grads: list[Any], contexts: list[TensorContext]) -> list[Compressor]:
-        """The policy's compressors; while tracing, a policy still deciding decides on eager stand-ins."""
-        if not (self._policy.pending and grads and tf_ops.is_symbolic(values_of(grads[0]))):
-            return self._policy.select(grads, contexts, self._communicator)
-        with tf.init_scope():
-            stand_ins = [_stand_in(g, ctx.shape) for g, ctx in zip(grads, contexts)]
-            return self._policy.select(stand_ins, contexts, self._communicator, traced=True)
 
 
 def _as_hvdsketch(grad: Any) -> Any:
@@ -112,17 +102,23 @@ def DistributedGradientTape(gradtape: tf.GradientTape,
         compression: a flag such as ``"sketch:error=0.5"`` or ``"auto"``, per-tensor rules, a
             compressor or a :class:`hvdsketch.policy.Policy`; falls back to ``HVDSKETCH_COMPRESSION``,
             then ``"none"``.
-        memory: a residual memory (error feedback) or ``None``.
+        memory: error feedback: a ``--memory`` flag (``"fp32"``) or a :class:`hvdsketch.memory.Memory`;
+            ``None`` for none (eagerly only: its state lives in Python).
     """
     import horovod.tensorflow as hvd
 
+    from hvdsketch.memory import create as create_memory
+
+    def make() -> Exchanger:
+        return Exchanger(_policy.create(compression), HorovodCommunicator(hvd),
+                         None if memory is None else create_memory(memory))
+
     if compression is None or isinstance(compression, str):
-        flag = str(spec.resolve(compression))
-        if flag not in _policies:
-            _policies[flag] = _policy.create(flag)
-        policy = _policies[flag]
+        key = f"{spec.resolve(compression)}|{memory}"
+        if key not in _exchangers:
+            _exchangers[key] = make()
+        exchanger = _exchangers[key]
     else:
-        policy = _policy.create(compression)
+        exchanger = make()
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,), dict(_DistributedGradientTape.__dict__))
-    return cls(gradtape._tape, policy, memory, HorovodCommunicator(hvd),
-               gradtape._persistent, gradtape._watch_accessed_variables)
+    return cls(gradtape._tape, exchanger, gradtape._persistent, gradtape._watch_accessed_variables)

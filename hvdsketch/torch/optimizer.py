@@ -1,21 +1,27 @@
-"""``hvdsketch.torch.DistributedOptimizer``: Horovod's optimizer API with any hvdsketch compressor.
+"""``hvdsketch.torch.DistributedOptimizer``: Horovod's optimizer with any hvdsketch compressor.
 
 Like ``horovod.torch.DistributedOptimizer`` it wraps a ``torch.optim``
 optimizer (the returned object is an instance of the same class, so LR
-schedulers and checkpoints keep working) and averages gradients across ranks
-before ``step()``. Unlike Horovod's drop-in path it knows each tensor's name
-and the step, so hash seeds change every step; it gives each tensor its own
-compressor by a policy (rules, or ``auto``: :mod:`hvdsketch.policy`); it runs compressors that need
-allgathers or several rounds (top-k, PowerSGD), error feedback from a
-residual memory, keeps row-sparse embedding gradients sparse end to end, and
-counts the bytes it sends. All tensors' messages of one round travel in one
-fused Horovod collective.
+schedulers and checkpoints keep working), takes Horovod's arguments with
+Horovod's meaning, and starts each gradient's exchange from that parameter's
+gradient hook, so the exchange of the last layers travels while backward still
+computes the first; ``step()`` (or ``synchronize()``) only waits for what is
+still in flight. Unlike Horovod's drop-in path it knows each tensor's name and
+the step, so hash seeds change every step; it gives each tensor its own
+compressor by a policy (rules, or ``auto``: :mod:`hvdsketch.policy`); it runs
+compressors that need allgathers or several rounds (top-k, PowerSGD), error
+feedback from a residual memory, keeps row-sparse embedding gradients sparse
+end to end, and counts the bytes it sends.
 
 At construction every rank checks that all ranks run the same compressor,
-memory and parameter shapes; a mismatch raises on every rank.
+memory and parameter shapes, and every step that they are at the same step; a
+mismatch raises on every rank. A parameter that gets no gradient on some rank
+in a step (a branch taken on other ranks only) takes part with zeros, as in
+Horovod, so every rank starts the same exchanges.
 """
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterable, Mapping
 
@@ -23,43 +29,91 @@ import numpy as np
 import torch
 
 from hvdsketch.collectives.horovod import HorovodCommunicator
-from hvdsketch.compress import Compressor, RowSparse, TensorContext
+from hvdsketch.compress import Compressor, RowSparse
+from hvdsketch.exchange import Exchanger
 from hvdsketch.memory import Memory
-from hvdsketch.exchange import exchange_all, verify_agreement
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.policy import Policy
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, policy: Policy, memory: Any,
-                 communicator: HorovodCommunicator) -> None:
+    def __init__(self, params, names: dict[torch.Tensor, str], exchanger: Exchanger,
+                 backward_passes_per_step: int, groups: list[tuple[torch.Tensor, ...]] | None) -> None:
         super(self.__class__, self).__init__(params)
-        self._policy = policy
-        self._memory = memory
-        self._communicator = communicator
-        all_params = [p for group in self.param_groups for p in group["params"]]
-        names = {id(p): name for name, p in named_parameters} if named_parameters is not None else {}
-        if named_parameters is not None and len(names) != len(all_params):
-            raise ValueError("hvdsketch: named_parameters must name every parameter of the optimizer once")
-        self._names = {p: names.get(id(p), f"param.{i}") for i, p in enumerate(all_params)}
-        self._step_count = 0
+        self._names = names
+        self._exchanger = exchanger
+        self.backward_passes_per_step = backward_passes_per_step
+        self._delay = {p: backward_passes_per_step for p in names}
+        self._group_of = {p: group for group in groups or [] for p in group}
+        self._ready: dict[tuple[torch.Tensor, ...], int] = {}
+        self._started: set[torch.Tensor] = set()
+        self._sparse: set[torch.Tensor] = set()  # parameters whose gradients have come sparse
         self._bytes_dense = 0
+        self._synchronized = False
         self._should_synchronize = True
-        layout = ";".join(f"{n}:{tuple(p.shape)}" for p, n in self._names.items())
-        verify_agreement(communicator, f"{policy}|{memory}|{layout}", torch_ops)
+        self._requires_update = [p for p in names if p.requires_grad]
+        self._included = exchanger.communicator.process_set.included()
+        if self._included:  # as in Horovod, ranks outside the process set neither hook nor exchange
+            exchanger.verify([(n, tuple(p.shape)) for p, n in names.items()], torch_ops, next(iter(names), None))
+            self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(p)) for p in self._requires_update]
+
+    # -- Horovod's hook / synchronize pattern ------------------------------------------------------
+
+    def _make_hook(self, p: torch.Tensor):
+        def hook(*_: Any) -> None:
+            if self._delay[p] <= 0:
+                raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
+                                     "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                                     "locally.")
+            self._delay[p] -= 1
+            if self._delay[p] > 0:
+                return
+            group = self._group_of.get(p)
+            if group is None:
+                self._start(p)
+                return
+            self._ready[group] = self._ready.get(group, 0) + 1
+            if self._ready[group] == len(group):  # a group's exchanges start together
+                for q in group:
+                    self._start(q)
+        return hook
+
+    def _start(self, p: torch.Tensor) -> None:
+        grad = p.grad
+        if grad is None:  # no gradient on this rank this step: take part with zeros, as Horovod does
+            grad = (torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64, device=p.device),
+                                            p.new_zeros((0, *p.shape[1:])), tuple(p.shape))
+                    if p in self._sparse else torch.zeros_like(p))
+        elif grad.is_sparse:
+            self._sparse.add(p)
+        self._started.add(p)
+        self._exchanger.start(self._names[p], _as_hvdsketch(grad))
 
     def synchronize(self) -> None:
-        """Average every gradient across ranks, compressed; called by :meth:`step`."""
-        params = [p for p in self._names if p.grad is not None]
-        grads = [_as_hvdsketch(p.grad) for p in params]
-        contexts = [TensorContext(self._names[p], tuple(p.shape), self._step_count, self._communicator.size,
-                                  self._communicator.rank)
-                    for p in params]
-        jobs = list(zip(self._policy.select(grads, contexts, self._communicator), grads, contexts))
-        for p, averaged in zip(params, exchange_all(jobs, self._communicator, self._memory)):
-            p.grad = _as_torch(averaged)
+        """Wait for every gradient's exchange and put the averages in ``.grad``; called by :meth:`step`.
+
+        Parameters whose hooks did not fire (no gradient this step, or fewer backward passes than
+        ``backward_passes_per_step``) are exchanged now."""
+        if not self._included:
+            self._synchronized = True
+            return
+        for p in self._requires_update:
+            if p not in self._started:
+                self._start(p)
+        averaged = self._exchanger.finish()
+        for p in self._requires_update:
+            result = _as_torch(averaged[self._names[p]])
+            if p in self._sparse:
+                p.grad = result if result.is_sparse else result.to_sparse()
+            elif p.grad is None:
+                p.grad = result.to_dense() if result.is_sparse else result
+            else:
+                p.grad.set_(result.to_dense() if result.is_sparse else result)
             self._bytes_dense += p.numel() * p.element_size()
-        self._step_count += 1
+            self._delay[p] = self.backward_passes_per_step
+        self._started.clear()
+        self._ready.clear()
+        self._synchronized = True
 
     @contextmanager
     def skip_synchronize(self):
@@ -72,53 +126,66 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         if self._should_synchronize:
-            self.synchronize()
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(): the averaged gradients are not exchanged again. Use "
+                              "`with optimizer.skip_synchronize(): optimizer.step()` after synchronize().")
+            else:
+                self.synchronize()
+        self._synchronized = False
         return super(self.__class__, self).step(closure)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._exchanger.in_flight:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(): gradients are still being "
+                                 "exchanged. Call step() (or synchronize()) first.")
+        return super(self.__class__, self).zero_grad(set_to_none)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        if passes < 1:
+            raise ValueError("backward_passes_per_step must be > 0")
+        self.backward_passes_per_step = passes
+        self._delay = {p: passes for p in self._delay}
+
+    # -- checkpoints and reports ------------------------------------------------------------------
+
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state plus hvdsketch's: the step (it seeds the hashes), the
-        policy's choices, the compressors' per-tensor state (PowerSGD's Q, DGC's velocity, their
-        residuals) and the residual memory, so a resumed run continues exactly as the
-        uninterrupted one."""
+        """The wrapped optimizer's state plus hvdsketch's (:meth:`hvdsketch.exchange.Exchanger.state_dict`):
+        the step, the policy's choices, the compressors' per-tensor state and the residuals."""
         state = super(self.__class__, self).state_dict()
-        compressors = {flag: c.state_dict() for flag, c in self._policy.compressors().items()}
-        state["hvdsketch"] = {"step": self._step_count, "policy": self._policy.state_dict(),
-                              "compressors": {flag: s for flag, s in compressors.items() if s},
-                              "memory": None if self._memory is None else self._memory.state_dict()}
+        state["hvdsketch"] = self._exchanger.state_dict()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         ours = state_dict.pop("hvdsketch", None)
         super(self.__class__, self).load_state_dict(state_dict)
+        self._delay = {p: self.backward_passes_per_step for p in self._delay}
+        self._synchronized = False
         if ours is not None:
-            self._step_count = ours["step"]
-            self._policy.load_state_dict(ours.get("policy") or {})
-            compressors = self._policy.compressors()
             devices = {name: p.device for p, name in self._names.items()}
-            for flag, state in (ours.get("compressors") or {}).items():
-                if flag not in compressors:
-                    raise ValueError(f"hvdsketch: the checkpoint holds state of compressor {flag!r}, which "
-                                     f"this run's compression {self._policy} does not use")
-                compressors[flag].load_state_dict(
-                    state, lambda name, array: torch.from_numpy(np.array(array)).to(devices.get(name, "cpu")))
-            if self._memory is not None and ours["memory"] is not None:
-                self._memory.load_state_dict(ours["memory"])
+            self._exchanger.load_state_dict(
+                ours, lambda name, array: torch.from_numpy(np.array(array)).to(devices.get(name, "cpu")))
 
     def report(self) -> dict[str, Any]:
         """Bytes this rank sent (per collective and in total) against dense ring allreduce, and the
         policy's assignment table (``None`` for a single compressor, or before it decided)."""
         from hvdsketch.collectives.stats import ring_allreduce_bytes
 
-        sent = self._communicator.stats.bytes_sent
-        dense = ring_allreduce_bytes(self._bytes_dense, self._communicator.size)
-        table = self._policy.assignment
-        return {"compression": str(self._policy), "steps": self._step_count, "bytes_sent": sent,
+        exchanger = self._exchanger
+        stats = exchanger.communicator.stats
+        sent = stats.bytes_sent
+        dense = ring_allreduce_bytes(self._bytes_dense, exchanger.communicator.size)
+        table = exchanger.policy.assignment
+        memory = exchanger.memory
+        return {"compression": str(exchanger.policy), "steps": exchanger.step, "bytes_sent": sent,
                 "assignment": None if table is None else [row.to_dict() for row in table],
                 "bytes_dense_allreduce": dense, "ratio": dense / sent if sent else float("nan"),
-                "seconds": dict(self._communicator.stats.seconds),
-                "residual_bytes": 0 if self._memory is None else self._memory.nbytes() + self._memory.host_nbytes(),
-                "collectives": self._communicator.stats.snapshot()}
+                "seconds": dict(stats.seconds),
+                "residual_bytes": sum(m.nbytes() + m.host_nbytes() for m in (memory, exchanger.own_memory)
+                                      if m is not None),
+                "collectives": stats.snapshot()}
 
 
 def _as_hvdsketch(grad: torch.Tensor) -> Any:
@@ -134,19 +201,60 @@ def _as_torch(averaged: Any) -> torch.Tensor:
     return averaged
 
 
+def _groups(groups: Any, params: list[torch.Tensor], names: dict[torch.Tensor, str]) -> list[tuple] | None:
+    """Horovod's ``groups``: ``None``; a number of groups to split the parameters into (in the order
+    of their names, equal on every rank); or lists of parameters, the rest each a group of one."""
+    if groups is None or groups == 0:
+        return None
+    if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
+        ordered = sorted(params, key=lambda p: names[p])
+        return [tuple(part) for part in np.array_split(np.array(ordered, dtype=object), groups) if len(part)]
+    if isinstance(groups, list) and all(isinstance(g, (list, tuple)) for g in groups):
+        seen: set[int] = set()
+        out = []
+        for group in groups:
+            if not all(isinstance(p, torch.Tensor) for p in group):
+                raise ValueError("groups must consist of torch.Tensor.")
+            if any(id(p) in seen for p in group):
+                raise ValueError("A parameter can only appear once in groups.")
+            seen.update(id(p) for p in group)
+            out.append(tuple(p for p in group if p.requires_grad))
+        return [g for g in out if g]
+    raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
                          compression: "str | Compressor | Policy | Mapping | list | None" = None,
+                         backward_passes_per_step: int = 1,
+                         op: Any = None,
+                         gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0,
+                         groups: Any = None,
+                         sparse_as_dense: bool = False,
+                         process_set: Any = None,
                          memory: "str | Memory | None" = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` first averages gradients across Horovod ranks.
 
     Args:
         optimizer: any ``torch.optim`` optimizer.
-        named_parameters: ``model.named_parameters()``; names seed the hashes and label reports.
+        named_parameters: ``model.named_parameters()``; names seed the hashes, name the collectives
+            and label reports.
         compression: a flag such as ``"sketch:error=0.5"`` or ``"auto:bandwidth=1gbit"``, per-tensor
             rules (a list of :class:`hvdsketch.policy.Rule` or a ``{rules:, default:}`` mapping), a
             compressor or a :class:`hvdsketch.policy.Policy`; falls back to ``HVDSKETCH_COMPRESSION``,
             then ``"none"``.
+        backward_passes_per_step: backward passes accumulated locally before each exchange.
+        op: ``hvd.Average`` (default) or ``hvd.Sum``; ``hvd.Adasum`` with ``compression="none"`` is
+            Horovod's own Adasum optimizer (Adasum combines the ranks' updates non-linearly, so no
+            compressor's messages can be combined that way).
+        gradient_predivide_factor: with ``op=Average``, gradients are scaled by ``1 / factor`` before
+            the sum and ``factor / size`` after it (as Horovod does).
+        num_groups / groups: Horovod's explicit groups: the exchanges of a group start together once
+            every gradient of the group is ready.
+        sparse_as_dense: densify sparse gradients before compressing; the averaged gradient is made
+            sparse again, so the optimizer sees the layout autograd gave.
+        process_set: a Horovod process set to average over (default: every rank).
         memory: error feedback: a ``--memory`` flag (``"fp32"``, ``"plan:budget=0.25"``) or a
             :class:`hvdsketch.memory.Memory`; ``None`` for none. Its residuals are part of
             :meth:`state_dict`.
@@ -156,8 +264,36 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     from hvdsketch.memory import create as create_memory
     from hvdsketch.policy import create as create_policy
 
-    memory = None if memory is None else create_memory(memory)
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be > 0")
+    op = hvd.Average if op is None else op
+    if op not in (hvd.Average, hvd.Sum, hvd.Adasum):
+        raise ValueError(f"hvdsketch: op must be hvd.Average, hvd.Sum or hvd.Adasum, got {op!r}")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
+        groups = num_groups if groups is None else groups
     policy = create_policy(compression)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    if op == hvd.Adasum:
+        if str(policy) != "none" or memory is not None:
+            raise ValueError(f"hvdsketch: op=hvd.Adasum combines the ranks' updates non-linearly, so it cannot "
+                             f"combine compressed messages ({policy}{', memory ' + str(memory) if memory else ''}); "
+                             f"use compression='none' without memory for Adasum, or op=hvd.Average")
+        return hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters,
+                                        backward_passes_per_step=backward_passes_per_step, op=hvd.Adasum,
+                                        sparse_as_dense=sparse_as_dense)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     named = list(named_parameters) if named_parameters is not None else None
-    return cls(optimizer.param_groups, named, policy, memory, HorovodCommunicator(hvd))
+    names = {id(p): name for name, p in named} if named is not None else {}
+    if named is not None and (len(names) != len(params) or len({n for n, _ in named}) != len(named)
+                              or not all(id(p) in names for p in params)):
+        raise ValueError("hvdsketch: named_parameters must name every parameter of the optimizer once, "
+                         "with unique names")
+    by_param = {p: names.get(id(p), f"param.{i}") for i, p in enumerate(params)}
+    communicator = HorovodCommunicator(hvd, process_set, predivide=gradient_predivide_factor)
+    exchanger = Exchanger(policy, communicator, None if memory is None else create_memory(memory),
+                          op="sum" if op == hvd.Sum else "average", sparse_as_dense=sparse_as_dense)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, by_param, exchanger, backward_passes_per_step,
+               _groups(groups, [p for p in params if p.requires_grad], by_param))

@@ -67,7 +67,7 @@ def test_the_plan_never_exceeds_its_budget(stats, fraction, resolution, time_wei
     memory = Memory(plan.stores(), default=Nothing())  # the memory holds what the plan promised
     for e in plan.entries:
         residual = np.ones(e.shape, np.float32)
-        memory.update(e.name, residual, np.zeros_like(residual))
+        memory.update(e.name, residual)
     assert memory.nbytes() == plan.planned_bytes
 
 

@@ -103,20 +103,20 @@ def test_measured_wire_bytes_follow_each_collective():
 def test_topk_takes_a_row_sparse_gradient_as_it_is(ratio):
     """The auto policy's top-k candidate on an embedding's gradient: chosen from its rows, never
     densified, the same exchange as on the dense tensor (all non-zeros when k exceeds them)."""
-    from hvdsketch.compress.base import run
+    from hvdsketch.exchange import run_local
 
     g = row_sparse(2000, 16, 0.02, seed=4)
     rows = np.flatnonzero(g.any(axis=1))
     ctx = TensorContext("e", g.shape, 0, 1)
-    local = lambda messages: [m.tensor for m in messages]  # noqa: E731  (one rank's reduction)
     topk = create(f"topk:ratio={ratio}")
-    np.testing.assert_array_equal(run(topk, RowSparse(rows, g[rows], g.shape), ctx, local), run(topk, g, ctx, local))
+    np.testing.assert_array_equal(run_local(topk, RowSparse(rows, g[rows], g.shape), ctx)[0],
+                                  run_local(topk, g, ctx)[0])
 
 
 def test_measure_leaves_the_compressors_state_alone():
     powersgd = create("powersgd:rank=1")
     measure(powersgd, np.ones((64, 32), np.float32), TensorContext("w", (64, 32), 0, 2))
-    assert powersgd._q == {} and powersgd._residuals._residuals == {}
+    assert powersgd._q == {}
 
 
 def test_row_sparse_densities_and_densify_cost():
@@ -156,13 +156,20 @@ def test_rules_match_first_rule_wins():
     assert rules.rule_for("lstm.weight", (4, 5, 6)) is None
 
 
-def test_rules_select_assigns_and_tabulates(capsys):
+def step_through(policy, tensors, contexts, comm):
+    """One step as the exchanger runs it: each tensor's compressor, then the step's end."""
+    chosen = [policy.compressor(ctx) for ctx in contexts]
+    policy.end_step(list(zip(tensors, contexts)) if policy.wants_inputs else [], comm)
+    return chosen
+
+
+def test_rules_assign_and_tabulate(capsys):
     comm = MPICommunicator(MPI.COMM_SELF)
     rules = create_policy({"rules": [{"name": "emb*", "compression": "topk:ratio=0.02"}], "default": "fp16"})
     tensors = [row_sparse(1000, 32, 0.01), np.ones(32, np.float32)]
     contexts = [TensorContext("emb.weight", (1000, 32), 0, 1), TensorContext("bias", (32,), 0, 1)]
     assert rules.pending
-    assert [str(c) for c in rules.select(tensors, contexts, comm)] == ["topk:ratio=0.02", "fp16"]
+    assert [str(c) for c in step_through(rules, tensors, contexts, comm)] == ["topk:ratio=0.02", "fp16"]
     assert not rules.pending
     table = rules.assignment
     assert [row.tensor for row in table] == ["emb.weight"] and table[0].density == pytest.approx(0.01)
@@ -247,19 +254,20 @@ def test_auto_warms_up_dense_then_decides_and_checkpoints(capsys):
                 rng.normal(size=(64, 64)).astype(np.float32), np.array([7], np.int64)]
 
     for _ in range(2):
-        assert [str(c) for c in policy.select(step(), contexts, comm)] == ["none"] * 3 and policy.pending
-    chosen = policy.select(step(), contexts, comm)
+        assert policy.pending
+        assert [str(c) for c in step_through(policy, step(), contexts, comm)] == ["none"] * 3
     assert not policy.pending
+    chosen = step_through(policy, step(), contexts, comm)
     assert (policy.link.latency, policy.link.bandwidth) == pytest.approx((50e-6, GBIT))
     assert len(chosen) == 3 and str(chosen[2]) == "none"  # integers pass through
     table = policy.assignment
     assert [row.tensor for row in table] == ["emb", "w"]  # what can be compressed
     assert 0.02 <= table[0].density <= 0.03 and table[1].density == 1.0
     assert all(row.dense_bytes == 0 for row in table)  # one rank sends nothing
-    assert "decided at step 2" in capsys.readouterr().out
+    assert "decided after step 1" in capsys.readouterr().out
     restored = AutoPolicy("auto:warmup=2,bandwidth=1gbit,latency=50us")
     restored.load_state_dict(policy.state_dict())
-    assert [str(c) for c in restored.select(step(), contexts, comm)] == [str(c) for c in chosen]
+    assert [str(c) for c in step_through(restored, step(), contexts, comm)] == [str(c) for c in chosen]
     assert restored.assignment == table
 
 
@@ -268,7 +276,7 @@ def test_auto_replans_on_schedule(capsys):
     policy = AutoPolicy("auto:warmup=1,replan=3,bandwidth=1gbit,latency=50us")
     contexts = [TensorContext("w", (32, 32), 0, 1)]
     for _ in range(8):
-        policy.select([np.ones((32, 32), np.float32)], contexts, comm)
+        step_through(policy, [np.ones((32, 32), np.float32)], contexts, comm)
     out = capsys.readouterr().out
-    assert [line.split("decided at step ")[1] for line in out.splitlines() if "decided at" in line] == \
-        ["1)", "4)", "7)"]
+    assert [line.split("decided after step ")[1] for line in out.splitlines() if "decided after" in line] == \
+        ["0)", "3)", "6)"]

@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from hvdsketch.compress import RowSparse, TensorContext, create
 from hvdsketch.compress.hashing import P, HashFamily
-from hvdsketch.compress.sketch import Layout
+from hvdsketch.compress.support import Layout
+from hvdsketch.exchange import Flight
 from hvdsketch.ops import numpy as np_ops, tensorflow as tf_ops, torch as torch_ops
 from tests.peer_cases import lockstep
 
@@ -163,7 +164,7 @@ def reduce_across(per_rank):
 def exchange_across(compressors, tensors, ctx):
     """One exchange of ``tensors`` (one per simulated rank, each with its own compressor): the
     rounds' message sizes and every rank's result."""
-    rounds, outs = lockstep([c.exchange(t, ctx) for c, t in zip(compressors, tensors)], reduce_across)
+    rounds, outs = lockstep([Flight(c, t, ctx) for c, t in zip(compressors, tensors)], reduce_across)
     return [[m.tensor.size for m in messages] for messages in rounds], outs
 
 
@@ -199,11 +200,11 @@ def test_agreed_sizing_sends_dense_tensors_dense_and_sparse_ones_sketched():
     for tensors, expect_dense in ((dense, True), (sparse, False)):
         ctx = TensorContext("w", tensors[0].shape, step=1, world_size=2)
         gens = [create("sketch:error=0.5").exchange(t, ctx) for t in tensors]  # a compressor per rank
-        bitmaps = [next(g) for g in gens]
+        bitmaps = [next(g).messages for g in gens]
         assert all([m.op for m in b] == ["bor"] for b in bitmaps)
         for b, t in zip(bitmaps, tensors):
             np.testing.assert_array_equal(b[0].tensor, np.packbits(np.any(t != 0, axis=1)))
-        payloads = [g.send(reduce_across(bitmaps)) for g in gens]
+        payloads = [g.send(reduce_across(bitmaps)).messages for g in gens]
         assert len({tuple(m.tensor.size for m in p) for p in payloads}) == 1  # both ranks sized alike
         if expect_dense:
             assert [m.tensor.size for m in payloads[0]] == [tensors[0].size]

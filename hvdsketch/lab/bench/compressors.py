@@ -95,21 +95,17 @@ def _ready(ops: Any, tensors: list[Any]) -> None:
 def measure(make: Callable[[], Any], tensor: Any, ops: Any) -> tuple[float, float, Any, list[list[Any]]]:
     """One step of a fresh compressor: compress and decompress seconds, result, messages per round."""
     from hvdsketch.compress import TensorContext
+    from hvdsketch.exchange import Flight
 
-    compressor = make()
     start = time.perf_counter()
-    exchange = compressor.exchange(tensor, TensorContext("bench", ops.shape(tensor), 0, 1))
-    rounds = [next(exchange)]
+    flight = Flight(make(), tensor, TensorContext("bench", ops.shape(tensor), 0, 1))
+    rounds = [flight.messages]
     _ready(ops, [m.tensor for m in rounds[0]])
     middle = time.perf_counter()
-    while True:
-        try:
-            rounds.append(exchange.send([m.tensor for m in rounds[-1]]))
-        except StopIteration as done:
-            result = done.value
-            break
-    _ready(ops, [result])
-    return middle - start, time.perf_counter() - middle, result, rounds
+    while not flight.advance([m.tensor for m in rounds[-1]]):
+        rounds.append(flight.messages)
+    _ready(ops, [flight.result])
+    return middle - start, time.perf_counter() - middle, flight.result, rounds
 
 
 def bench(flag: str, g: np.ndarray, tensor: Any, ops: Any, repeats: int, warmup: int) -> Row:
@@ -121,7 +117,7 @@ def bench(flag: str, g: np.ndarray, tensor: Any, ops: Any, repeats: int, warmup:
     decompress_s = statistics.median(r[1] for r in runs)
     _, _, result, rounds = runs[-1]
     compressor = make()
-    sent = sum(compressor.payload_bytes(messages) for messages in rounds)
+    sent = sum(ops.nbytes(m.tensor) for messages in rounds for m in messages)
     truth = g.astype(np.float64)
     error = np.linalg.norm(ops.to_numpy(result).astype(np.float64) - truth) / max(np.linalg.norm(truth), 1e-300)
     return Row(compressor=str(compressor), ratio=g.nbytes / sent,

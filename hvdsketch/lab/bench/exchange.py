@@ -8,7 +8,7 @@ rotates each step, so no entry always goes first), all ranks meet at a
 barrier and exchange that one tensor:
 
 - a compression setting (a flag or a rules mapping) gets the compressor its
-  policy picks for the tensor, and :func:`hvdsketch.exchange.exchange_all`
+  policy picks for the tensor, and :class:`hvdsketch.exchange.Exchanger`
   averages it over Horovod as ``hvdsketch``'s optimizer would; for ``none``
   that is Horovod's dense allreduce of the densified gradient, what
   ``--path horovod`` does with ``sparse_as_dense``;
@@ -48,8 +48,7 @@ def _exchangers(entries: list[Any], param: Any, name: str, hvd: Any) -> dict[str
     """Per entry label: ``step -> None`` exchanging ``param.grad`` once, and its byte counters."""
     from hvdsketch.collectives.horovod import HorovodCommunicator
     from hvdsketch.collectives.stats import CommStats
-    from hvdsketch.compress import TensorContext
-    from hvdsketch.exchange import exchange_all
+    from hvdsketch.exchange import Exchanger
     from hvdsketch.policy import create as create_policy
     from hvdsketch.torch.optimizer import _as_hvdsketch
 
@@ -68,16 +67,13 @@ def _exchangers(entries: list[Any], param: Any, name: str, hvd: Any) -> dict[str
 
             out[entry.label] = (gather, stats)
             continue
-        communicator = HorovodCommunicator(hvd)
-        policy = create_policy(entry.compression)
+        exchanger = Exchanger(create_policy(entry.compression), HorovodCommunicator(hvd),
+                              prefix=f"hvdsketch.{entry.label}")
 
-        def exchange(step: int, policy: Any = policy, communicator: Any = communicator) -> None:
-            grad = _as_hvdsketch(param.grad)
-            ctx = TensorContext(name, tuple(param.shape), step, hvd.size(), hvd.rank())
-            (compressor,) = policy.select([grad], [ctx], communicator)
-            exchange_all([(compressor, grad, ctx)], communicator)
+        def exchange(step: int, exchanger: Exchanger = exchanger) -> None:
+            exchanger.exchange({name: _as_hvdsketch(param.grad)})
 
-        out[entry.label] = (exchange, communicator.stats)
+        out[entry.label] = (exchange, exchanger.communicator.stats)
     return out
 
 

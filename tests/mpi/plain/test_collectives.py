@@ -14,6 +14,7 @@ import zlib
 import numpy as np
 import pytest
 
+from hvdsketch.collectives import reduce
 from hvdsketch.collectives.mpi import MPICommunicator, WIRE_FORMATS
 from hvdsketch.collectives.sparse import (SparseVector, densify, ibitmap_or, iblock_allreduce,
                                           isparcml_allreduce, isparse_allgather)
@@ -255,7 +256,7 @@ def test_reduce_protocol_average_max_allgather_bor(mpi):
     bits = [rng.integers(0, 256, 9).astype(np.uint8) for _ in range(size)]
     messages = [Message(a[r]), Message(m[r], "max"), Message(g[r], "allgather"), Message(h[r]),
                 Message(bits[r], "bor"), Message(b[r])]
-    out = mpi.reduce(messages)
+    out = reduce(mpi, messages, "protocol")
     assert np.array_equal(out[0], np.sum(a, axis=0) / size) and out[0].shape == (3, 4)
     assert np.array_equal(out[1], np.max(m, axis=0))
     assert np.array_equal(out[2], np.concatenate(g)) and out[2].shape == (size * (size - 1) // 2, 2)
@@ -275,10 +276,10 @@ def test_reduce_protocol_average_max_allgather_bor(mpi):
 
 
 def test_reduce_rejects_unknown_ops_and_foreign_tensors(mpi):
-    with pytest.raises(ValueError, match="valid: average, max, allgather, bor"):
-        mpi.reduce([Message(np.zeros(3), "median")])
+    with pytest.raises(ValueError, match="valid: average, sum, max, allgather, bor"):
+        reduce(mpi, [Message(np.zeros(3), "median")], "bad")
     with pytest.raises(ValueError, match="numpy arrays"):
-        mpi.reduce([Message([1.0, 2.0])])
+        reduce(mpi, [Message([1.0, 2.0])], "bad")
     with pytest.raises(ValueError, match="valid: float32, float16, bfloat16"):
         mpi.iallreduce(np.zeros(3, np.float32), wire="int8")
     with pytest.raises(ValueError, match="uint8"):

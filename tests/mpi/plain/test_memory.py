@@ -1,4 +1,4 @@
-"""Error feedback through ``exchange_all`` over hvdsketch's MPI layer, on every rank.
+"""Error feedback through the exchanger over hvdsketch's MPI layer, on every rank.
 
 Each rank holds its own shard of a least-squares problem (different data, so at
 the optimum the ranks' gradients cancel but their top-k parts do not) and trains
@@ -15,8 +15,8 @@ import pytest
 from hvdsketch.collectives.mpi import MPICommunicator
 from hvdsketch.compress import TensorContext
 from hvdsketch.compress import create as compressor
-from hvdsketch.exchange import exchange_all
 from hvdsketch.memory import Memory, create
+from tests.peer_cases import exchange_jobs
 
 SHAPES = {"w": (40, 5), "v": (40, 5), "b": (20,)}  # two of one shape, for the planner's shared groups
 D = sum(int(np.prod(s)) for s in SHAPES.values())
@@ -49,7 +49,7 @@ def train(mpi: MPICommunicator, memory: Memory | None, x: np.ndarray, steps: ran
         grad = np.split(a.T @ (a @ x - b) / len(b), np.cumsum([np.prod(s) for s in SHAPES.values()])[:-1])
         jobs = [(topk, g.reshape(shape).astype(np.float32), TensorContext(name, shape, step, mpi.size))
                 for (name, shape), g in zip(SHAPES.items(), grad)]
-        averaged = exchange_all(jobs, mpi, memory)
+        averaged = exchange_jobs(mpi, jobs, memory)
         x = x - 0.1 / (1 + step / 100) * np.concatenate([g.reshape(-1) for g in averaged]).astype(np.float64)
     return x
 

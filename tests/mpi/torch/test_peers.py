@@ -4,13 +4,12 @@ import pytest
 import torch
 
 from hvdsketch.collectives.horovod import HorovodCommunicator
-from hvdsketch.exchange import exchange_all
 from tests import peer_cases as cases
 
 
 @pytest.fixture
 def world(hvd):
-    return cases.World(hvd.size(), hvd.rank(), HorovodCommunicator(hvd), torch.from_numpy, exchange_all)
+    return cases.World(hvd.size(), hvd.rank(), HorovodCommunicator(hvd), torch.from_numpy)
 
 
 @pytest.mark.parametrize("case", cases.CASES, ids=str)

@@ -39,8 +39,9 @@ def test_ranks_agree_although_their_statistics_differ(hvd, flag):
     policy, comm = AutoPolicy(flag), HorovodCommunicator(hvd)
     contexts = [TensorContext(n, s, 0, hvd.size()) for n, s in
                 (("emb", (4000, 32)), ("w", (256, 128)), ("b", (128,)))]
-    for step in range(3):
-        chosen = [str(c) for c in policy.select(local_gradients(hvd.rank(), step), contexts, comm)]
+    for step in range(2):
+        policy.end_step(list(zip(local_gradients(hvd.rank(), step), contexts)), comm)
+    chosen = [str(policy.compressor(ctx)) for ctx in contexts]
     assert not policy.pending and agreed(hvd, "|".join(chosen))
     table = policy.assignment
     assert agreed(hvd, repr([(r.tensor, r.compressor, r.density, r.bytes) for r in table]))
@@ -53,14 +54,14 @@ class Scripted(Policy):
     """The reference: dense for ``warmup`` steps, then fixed compressors by name, each its own instance."""
 
     def __init__(self, warmup: int, flags: dict[str, str]) -> None:
-        self.warmup, self.calls = warmup, 0
-        self.compressors = {name: create(flag) for name, flag in flags.items()}
+        self.warmup, self.steps = warmup, 0
+        self.scripted = {name: create(flag) for name, flag in flags.items()}
 
-    def select(self, tensors, contexts, communicator, traced=False):
-        self.calls += 1
-        if self.calls <= self.warmup:
-            return [create("none")] * len(tensors)
-        return [self.compressors[ctx.name] for ctx in contexts]
+    def compressor(self, ctx):
+        return create("none") if self.steps < self.warmup else self.scripted[ctx.name]
+
+    def end_step(self, inputs, communicator, traced=False):
+        self.steps += 1
 
     def __str__(self) -> str:
         return "scripted"

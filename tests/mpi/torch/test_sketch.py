@@ -6,10 +6,12 @@ import torch
 from hvdsketch.compress import RowSparse, TensorContext, create
 from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.collectives.stats import ring_allreduce_bytes
-from hvdsketch.exchange import AgreementError, exchange_all, verify_agreement
+from hvdsketch.exchange import AgreementError
+from hvdsketch.exchange.agreement import verify
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.torch import Compression, DistributedOptimizer
 from tests import sketch_cases as cases
+from tests.peer_cases import exchange_jobs
 
 
 def dropin_average(hvd, compression, tensor, name):
@@ -39,13 +41,13 @@ def test_dropin_recovery_within_count_sketch_bound(hvd):
     assert np.all(recovered[~np.any(truth != 0, axis=1)] == 0)  # nothing outside the union support
 
 
-def test_exchange_all_row_sparse_matches_dense(hvd):
+def test_exchange_row_sparse_matches_dense(hvd):
     """A sparse COO gradient stays row-sparse through the exchange and equals the dense average."""
     g = cases.row_sparse_gradient(hvd.rank(), cases.EXACT_SHAPE, 3, integer=True)
     rows = np.flatnonzero(np.any(g != 0, axis=1))
     sparse = RowSparse(torch.from_numpy(rows), torch.from_numpy(g[rows]), cases.EXACT_SHAPE)
     ctx = TensorContext("emb.weight", cases.EXACT_SHAPE, step=5, world_size=hvd.size())
-    (out,) = exchange_all([(create(cases.EXACT_SPEC), sparse, ctx)], HorovodCommunicator(hvd))
+    (out,) = exchange_jobs(HorovodCommunicator(hvd), [(create(cases.EXACT_SPEC), sparse, ctx)])
     assert isinstance(out, RowSparse)
     np.testing.assert_array_equal(out.to_dense().numpy(),
                                   cases.dense_average(hvd.size(), cases.EXACT_SHAPE, 3, True))
@@ -59,7 +61,7 @@ def test_agreed_sizing_sends_dense_gradients_dense_and_sparse_ones_sketched(hvd)
     sparse = torch.from_numpy(cases.row_sparse_gradient(hvd.rank(), cases.EXACT_SHAPE, 3, integer=True))
     sketch = create("sketch:error=0.05,rows=3")
     jobs = [(sketch, t, TensorContext(n, tuple(t.shape), 3, hvd.size())) for n, t in (("d", dense), ("s", sparse))]
-    out_dense, out_sparse = exchange_all(jobs, comm)
+    out_dense, out_sparse = exchange_jobs(comm, jobs)
     assert torch.equal(out_dense, hvd.allreduce(dense, op=hvd.Average, name="agreed.dense"))
     np.testing.assert_array_equal(out_sparse.numpy(), cases.dense_average(hvd.size(), cases.EXACT_SHAPE, 3, True))
     dense_bytes = ring_allreduce_bytes(dense.numel() * 4, hvd.size())
@@ -91,7 +93,7 @@ def test_training_keeps_replicas_bit_identical(hvd):
 def test_mismatched_specs_fail_on_every_rank(hvd):
     comm = HorovodCommunicator(hvd)
     with pytest.raises(AgreementError, match="different compression setups"):
-        verify_agreement(comm, f"sketch:rows={1 + hvd.rank()}", torch_ops)
+        verify(comm, f"sketch:rows={1 + hvd.rank()}", torch_ops)
 
 
 def test_nan_on_one_rank_raises_on_every_rank(hvd):

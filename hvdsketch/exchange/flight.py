@@ -1,0 +1,70 @@
+"""One tensor's exchange, driven round by round; error feedback happens here and nowhere else.
+
+A :class:`Flight` takes a gradient, lets the compressor prepare it, adds the
+residual the memory holds (``g + e``), and steps the compressor's round
+generator: each :class:`~hvdsketch.compress.Round` of messages goes out, and its
+reduction comes back in. When the round that settles what this rank sends has
+started, the memory keeps what its messages leave out (``e = g + e - C(g + e)``),
+computed while the collective travels. Everything that drives exchanges (the
+exchanger of the optimizers and the tape, Horovod's drop-in path, the planner's
+warm-up, the cost model and the benchmarks) drives them through a flight.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from hvdsketch.compress.base import Compressor, Message, Round, TensorContext
+
+
+class Flight:
+    """The exchange of one tensor by ``compressor``; ``memory`` keeps its residual (or ``None``).
+
+    ``round`` is the round to send next and ``index`` its number; :meth:`advance` takes that
+    round's reduction and moves to the next, until ``done``, when ``result`` holds the averaged
+    tensor.
+    """
+
+    def __init__(self, compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Any = None) -> None:
+        self.compressor, self.ctx = compressor, ctx
+        self._memory = memory if memory is not None and memory.keeps(ctx.name) else None
+        tensor = compressor.prepare(tensor, ctx)
+        if self._memory is not None:
+            tensor = self._memory.compensate(ctx.name, tensor)
+        self._rounds = compressor.exchange(tensor, ctx)
+        self.round: Round = next(self._rounds)
+        self.index = 0
+        self.done = False
+        self.result: Any = None
+
+    @property
+    def messages(self) -> list[Message]:
+        return self.round.messages
+
+    def settle(self) -> None:
+        """Keep the residual of the round just started, if it settles what this rank sends."""
+        if self._memory is not None and self.round.residual is not None:
+            residual = self.round.residual()
+            if residual is not None:
+                self._memory.update(self.ctx.name, residual)
+
+    def advance(self, reduced: Sequence[Any]) -> bool:
+        """Hand the current round's reduction to the compressor; True once the exchange is done."""
+        try:
+            self.round = self._rounds.send(list(reduced))
+            self.index += 1
+        except StopIteration as end:
+            self.result, self.done = end.value, True
+        return self.done
+
+
+def run_local(compressor: Compressor, tensor: Any, ctx: TensorContext,
+              memory: Any = None) -> tuple[Any, list[list[Message]]]:
+    """The whole exchange over this rank alone (each round's reduction over one rank is its own
+    messages): the result and every round's messages. For measuring codecs and warming up memory."""
+    flight = Flight(compressor, tensor, ctx, memory)
+    rounds = []
+    while not flight.done:
+        rounds.append(flight.messages)
+        flight.settle()
+        flight.advance([m.tensor for m in flight.messages])
+    return flight.result, rounds
