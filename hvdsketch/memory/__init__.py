@@ -24,22 +24,13 @@ from __future__ import annotations
 from hvdsketch import spec as _spec
 from hvdsketch.memory.planned import PlannedMemory, PlanSpec
 from hvdsketch.memory.planner import DEFAULT_CANDIDATES, Plan, plan_for_model, solve
+from hvdsketch.memory.registry import REGISTRY, create_store
 from hvdsketch.memory.residual import Memory
-from hvdsketch.memory.sketch import SketchStore
 from hvdsketch.memory.stores import Bf16, Fp16, Fp32, Nothing, Offload, Shared, Store, TopK
 from hvdsketch.memory.warmup import TensorStats, Warmup
 
-#: Every store by its flag name.
-REGISTRY: dict[str, type[Store]] = {
-    cls.name: cls for cls in (Nothing, Fp32, Fp16, Bf16, TopK, SketchStore, Shared, Offload)
-}
 #: Everything ``--memory`` accepts: the stores and ``plan``.
 FLAGS: dict[str, type] = {**REGISTRY, PlanSpec.name: PlanSpec}
-
-
-def create_store(flag: "str | _spec.Spec") -> Store:
-    """The store a flag names (``"topk:ratio=0.1"``), options validated."""
-    return _spec.build(flag, REGISTRY, kind="residual store")
 
 
 def create(flag: "str | _spec.Spec | Memory") -> Memory:
@@ -53,4 +44,5 @@ def create(flag: "str | _spec.Spec | Memory") -> Memory:
 
 
 __all__ = ["Memory", "PlannedMemory", "PlanSpec", "Plan", "Store", "TensorStats", "Warmup", "REGISTRY", "FLAGS",
-           "DEFAULT_CANDIDATES", "create", "create_store", "plan_for_model", "solve"]
+           "DEFAULT_CANDIDATES", "create", "create_store", "plan_for_model", "solve",
+           "Bf16", "Fp16", "Fp32", "Nothing", "Offload", "Shared", "TopK"]

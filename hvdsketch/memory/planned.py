@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 from hvdsketch.memory.planner import DEFAULT_CANDIDATES, Plan, budget_bytes_of, solve
+from hvdsketch.memory.registry import create_store
 from hvdsketch.memory.residual import Memory
 from hvdsketch.memory.stores import Fp32, Nothing, Store, flag
 from hvdsketch.memory.warmup import Warmup
@@ -59,8 +60,6 @@ class PlannedMemory(Memory):
     """Full error feedback during a warm-up, then the planner's store for every tensor."""
 
     def __init__(self, spec: PlanSpec, candidates: Sequence["Store | str"] = DEFAULT_CANDIDATES) -> None:
-        from hvdsketch.memory import create_store
-
         super().__init__(default=Fp32(), spec=str(spec))
         self.options = spec
         self.warmup = Warmup([create_store(c) if isinstance(c, str) else c for c in candidates])

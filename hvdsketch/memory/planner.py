@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from hvdsketch.memory.registry import create_store
 from hvdsketch.memory.stores import Fp32, Shared, Store, numel
 from hvdsketch.memory.warmup import TensorStats, Warmup
 
@@ -87,8 +88,6 @@ class Plan:
     entries: tuple[Entry, ...]
 
     def stores(self) -> dict[str, Store]:
-        from hvdsketch.memory import create_store
-
         return {e.name: create_store(e.store) for e in self.entries}
 
     def slots(self) -> dict[str, tuple[Store, tuple[int, ...], list[str]]]:
@@ -296,8 +295,6 @@ def solve(stats: Mapping[str, TensorStats], budget: int, candidates: Sequence["S
             of what no error feedback loses (0: time only breaks ties).
         resolution: budget units of the dynamic programme.
     """
-    from hvdsketch.memory import create_store
-
     stores = [create_store(c) if isinstance(c, str) else c for c in candidates]
     if not stores:
         raise ValueError("the planner needs at least one candidate store")
@@ -390,8 +387,6 @@ def plan_for_model(named_shapes: Mapping[str, Sequence[int]], warmup_residuals: 
     if missing or unknown:
         raise ValueError(f"warm-up residuals must cover exactly the model's tensors; "
                          f"missing: {missing[:5]}, unknown: {unknown[:5]}")
-    from hvdsketch.memory import create_store
-
     warmup = Warmup([create_store(c) if isinstance(c, str) else c for c in candidates])
     warmup.observe_all({name: warmup_residuals[name] for name in shapes})
     for name, st in warmup.stats.items():

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from hvdsketch.memory.registry import create_store
 from hvdsketch.memory.stores import Fp32, State, Store
 from hvdsketch.ops import backend
 
@@ -141,8 +142,6 @@ class Memory:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`; raises ``ValueError`` if it was saved under another spec."""
-        from hvdsketch.memory import create_store
-
         if str(state["spec"]) != self.spec:
             raise ValueError(f"hvdsketch: the residual memory was saved with --memory {str(state['spec'])!r}, "
                              f"this run uses {self.spec!r}")

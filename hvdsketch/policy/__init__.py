@@ -22,19 +22,17 @@ from typing import Any, Mapping
 
 from hvdsketch import spec as _spec
 from hvdsketch.compress import Compressor
-from hvdsketch.compress import create as create_compressor
 from hvdsketch.policy.auto import AutoOptions, AutoPolicy
 from hvdsketch.policy.base import Fixed, Policy
+from hvdsketch.policy.flag import from_flag
 from hvdsketch.policy.rules import Rule, Rules
 from hvdsketch.policy.table import Assignment, format_table
 
 def create(compression: Any = None) -> Policy:
     """The policy ``compression`` names; ``None`` falls back to ``HVDSKETCH_COMPRESSION``, then
     ``"none"``. Raises :class:`hvdsketch.spec.SpecError` naming the valid choices."""
-    if isinstance(compression, Policy):
-        return compression
-    if isinstance(compression, Compressor):
-        return Fixed(compression)
+    if isinstance(compression, (Policy, Compressor)):
+        return from_flag(compression)
     if isinstance(compression, Mapping):
         return Rules.from_mapping(compression)
     if isinstance(compression, (list, tuple)):
@@ -42,10 +40,7 @@ def create(compression: Any = None) -> Policy:
     if compression is not None and not isinstance(compression, str):
         raise _spec.SpecError(f"compression must be a flag, a mapping of rules, a list of rules or a policy, "
                               f"got {type(compression).__name__}")
-    text = str(_spec.resolve(compression))
-    if _spec.Spec.parse(text).name == AutoOptions.name:
-        return AutoPolicy(text)
-    return Fixed(create_compressor(text))
+    return from_flag(str(_spec.resolve(compression)))
 
 
 def label(compression: Any) -> str:

@@ -26,6 +26,7 @@ from hvdsketch.collectives import Communicator
 from hvdsketch.compress import Compressor, TensorContext, create
 from hvdsketch.exchange import is_passthrough
 from hvdsketch.policy.base import Policy, announce
+from hvdsketch.policy.flag import from_flag
 from hvdsketch.policy.cost import BLOCK, densities, measure
 from hvdsketch.policy.table import Assignment
 from hvdsketch.spec import SpecError
@@ -97,12 +98,10 @@ class Rules(Policy):
     flag, or a policy such as ``auto``, which then decides the unmatched tensors)."""
 
     def __init__(self, rules: Sequence["Rule | Mapping[str, Any]"], default: "str | Compressor | Policy" = "none"):
-        from hvdsketch.policy import create as create_policy
-
         if isinstance(rules, (str, Mapping)) or not isinstance(rules, Sequence):
             raise SpecError(f"rules must be a list of rules, got {rules!r}")
         self.rules = [r if isinstance(r, Rule) else Rule.from_mapping(r) for r in rules]
-        self.default = create_policy(default)
+        self.default = from_flag(default)
         self._compressors = {r.compression: create(r.compression) for r in self.rules}
         self._matched: dict[str, int | None] = {}  # name -> index of its rule, None: the default's
         self._order: dict[str, int] = {}  # name -> row of the table

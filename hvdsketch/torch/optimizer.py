@@ -207,8 +207,9 @@ def _groups(groups: Any, params: list[torch.Tensor], names: dict[torch.Tensor, s
     if groups is None or groups == 0:
         return None
     if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
-        ordered = sorted(params, key=lambda p: names[p])
-        return [tuple(part) for part in np.array_split(np.array(ordered, dtype=object), groups) if len(part)]
+        from horovod.common.util import split_list
+
+        return [tuple(part) for part in split_list(sorted(params, key=lambda p: names[p]), groups) if part]
     if isinstance(groups, list) and all(isinstance(g, (list, tuple)) for g in groups):
         seen: set[int] = set()
         out = []
