@@ -21,13 +21,19 @@
 # HVDSKETCH_CLUSTER_HOSTS holds "r0:1,r1:1,...". /etc/netns/hvdsketch-PID-*/hosts names the
 # hosts inside the namespaces (ip netns exec mounts it over /etc/hosts).
 #
-# What the links carry (tests/cluster_probe.py, tests/unit/test_cluster.py): tbf counts whole
-# Ethernet frames, so TCP moves RATE x 1448/1514 (0.956) at MTU 1500; a ring allreduce (Open
-# MPI's coll_tuned_allreduce_algorithm 4) at 4 ranks takes about 1.5x its time at 2, not 3x as
-# on one shared link. Two Open MPI effects are the library's, not the links': at 2 ranks, back
-# to back exchanges with the same peer run at about 2/3 of RATE (one TCP connection per peer
-# carries the rendezvous handshakes behind the bulk data; --mca btl_tcp_links 2 avoids it), and
-# its default allreduce algorithm at 4 ranks takes about twice the ring's time.
+# What the links carry (tests/cluster_probe.py; tests/unit/test_cluster.py checks it at
+# 200mbit): tbf counts whole Ethernet frames, so TCP moves RATE x 1448/1514 (0.956) at MTU
+# 1500, on one link alone and on all at once; Open MPI's ring allreduce (--mca
+# coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4) takes its model time
+# at 2 and 4 ranks, so 4 ranks take 1.5x the time of 2 (3x on one shared link). Three effects
+# are the MPI library's on such links, not the links' (5 MB, 200mbit):
+# - at 2 ranks both ring neighbours are one peer, and over one TCP connection per peer the
+#   rendezvous handshakes wait behind the bulk data: back-to-back exchanges run at about 2/3
+#   of RATE (ring allreduce 1.45x its model); --mca btl_tcp_links 2 avoids it;
+# - behind the default 50 ms queue (--latency) a rank's handshakes wait for its own queued
+#   upload to another peer: 4 ranks take 1.1-1.25x the model, and MPI sends from every rank
+#   at once reach 80-90% of RATE; --latency 5ms gives 1.0x and the full rate;
+# - Open MPI's default allreduce algorithm at 4 ranks takes 1.7-2x the ring's model.
 #
 # --links shared: all ranks in one namespace (hvdsketch-PID) whose only interface is a
 # loopback shaped by tbf. All ranks share that one link: N ranks moving data at once share RATE.
