@@ -35,6 +35,8 @@ UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
 def bits_per_second(rate: str) -> float:
+    if rate == "none":  # unshaped: the models are 0 s and infinite rates
+        return float("inf")
     match = re.fullmatch(r"([0-9.]+)([kmgt]?)bit", rate.lower())
     if not match:
         raise ValueError(f"rate {rate!r} is not N[k|m|g]bit")
