@@ -4,10 +4,12 @@ Two checks. At start, one allgather of a digest of the setup (compressor or
 policy, residual memory, every tensor's name and shape): every rank sees every
 digest, so every rank reaches the same verdict and none hangs. Every step, a
 tiny ``max`` allreduce of ``(step, -step, setup, -setup)`` rides beside the
-gradients' collectives (:func:`step_message`): its maxima equal the minima only
-if every rank is at the same step with the same setup, so a rank resumed at
-another step (a checkpoint loaded on one rank only) or switched to another
-setup is named on every rank before any gradient is used.
+gradients' collectives (:func:`step_message`) and is checked before any
+gradient is waited for (ranks running different setups start different
+collectives): its maxima equal the minima only if every rank is at the same step
+with the same setup, so a rank resumed at another step (a checkpoint loaded on
+one rank only) or switched to another setup is named on every rank before any
+gradient is used.
 """
 from __future__ import annotations
 
@@ -42,9 +44,10 @@ def verify(communicator: Communicator, description: str, ops: ModuleType, like: 
                   f"--compression / HVDSKETCH_COMPRESSION / config and the same model", AgreementError)
 
 
-def step_message(ops: ModuleType, step: int, setup: int, like: Any) -> Message:
-    """This step's tag: ``max`` over ranks of ``(step, -step, setup, -setup)``."""
-    return Message(ops.constant([step, -step, setup, -setup], "int64", like), "max")
+def step_message(ops: ModuleType, step: int, setup: int) -> Message:
+    """This step's tag: ``max`` over ranks of ``(step, -step, setup, -setup)``, in host memory (it is
+    control, not gradient data: checking it must not wait for an accelerator)."""
+    return Message(ops.constant([step, -step, setup, -setup], "int64"), "max")
 
 
 def step_agrees(ops: ModuleType, reduced: Any) -> Any:

@@ -15,14 +15,13 @@ reaches every rank's reduction, so every rank raises alike and none is left
 waiting. Then, at the step boundary, the policy may look at the step's
 gradients and decide for the next steps (``auto``).
 
-A tensor that is still waiting after ``stall_seconds`` (``HVDSKETCH_STALL_SECONDS``,
-default 30) is reported on that rank with what it waits for, every
-``stall_seconds`` until it arrives.
+A wait that lasts ``HVDSKETCH_STALL_SECONDS`` (default 30) is reported on that
+rank with what it waits for, every as many seconds until it ends
+(:mod:`~hvdsketch.exchange.watchdog`).
 """
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any, Literal, Mapping, Sequence
 
@@ -31,6 +30,7 @@ from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
 from hvdsketch.compress.support import values_of
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.flight import Flight
+from hvdsketch.exchange.watchdog import Watchdog
 from hvdsketch.memory import Fp32, Memory
 from hvdsketch.ops import backend
 
@@ -68,7 +68,8 @@ class Exchanger:
         self.step = 0
         #: Residuals of the methods whose error feedback is their own, when ``memory`` is ``None``.
         self.own_memory = Memory(default=Fp32(), spec="fp32")
-        self.stall_seconds = float(os.environ.get("HVDSKETCH_STALL_SECONDS", 30))
+        self.watchdog = Watchdog(float(os.environ.get("HVDSKETCH_STALL_SECONDS", 30)))
+        self._waiting_for = ""
         self._setup = 0
         #: The tensors' names in the adapter's order (parameters, sources), from :meth:`verify`.
         self.order: dict[str, int] = {}
@@ -111,7 +112,7 @@ class Exchanger:
         values = values_of(tensor)
         ops = backend(values)
         if self._tag is None:
-            self._tag = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup, values)])
+            self._tag = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup)])
         shape = tensor.dense_shape if isinstance(tensor, RowSparse) else ops.shape(tensor)
         ctx = TensorContext(name, tuple(shape), self.step, self.communicator.size, self.communicator.rank)
         compressor = self._dense if is_passthrough(tensor) else self.policy.compressor(ctx)
@@ -137,15 +138,17 @@ class Exchanger:
         began = time.perf_counter()
         tag, self._tag = self._tag, None
         try:
-            while any(handle is not None for _, handle in self._flights.values()):
-                for name, (flight, handle) in list(self._flights.items()):
-                    if handle is not None:
-                        self._step_flight(name, flight, self._wait(handle, [name]))
+            with self.watchdog.watching(self._stalled):
+                if tag is not None:  # before any gradient: ranks running other setups start other collectives
+                    self._check_step(self._wait(tag, "the step check")[0])
+                while any(handle is not None for _, handle in self._flights.values()):
+                    for name, (flight, handle) in list(self._flights.items()):
+                        if handle is not None:
+                            self._step_flight(name, flight, self._wait(handle, name))
             results = {name: flight.result for name, (flight, _) in self._flights.items()}
-            reduced_tag = None if tag is None else self._wait(tag, ["the step check"])[0]
         finally:
             self._flights.clear()
-        results = self._check(results, reduced_tag)
+        results = self._check(results)
         if self.op == "sum":
             results = {name: _scaled(r, self.communicator.size) for name, r in results.items()}
         self.communicator.stats.seconds["finish"] += time.perf_counter() - began
@@ -189,39 +192,40 @@ class Exchanger:
             if handle is not None and flight.round.residual is None and handle.test():
                 self._step_flight(name, flight, handle.wait())
 
-    def _wait(self, handle: Handle, waiting_for: list[str]) -> list[Any]:
-        """``handle.wait()``, reporting every ``stall_seconds`` while it has not arrived."""
-        started = time.monotonic()
-        reported = started
-        while not handle.test():
-            now = time.monotonic()
-            if now - reported >= self.stall_seconds:
-                reported = now
-                print(f"hvdsketch: rank {self.communicator.rank} has waited {now - started:.0f} s at step "
-                      f"{self.step} for {', '.join(waiting_for)} (in flight: {', '.join(self._flights) or '-'}); "
-                      f"another rank may not have started the same exchanges", file=sys.stderr, flush=True)
-            time.sleep(0.0005)
+    def _wait(self, handle: Handle, waiting_for: str) -> list[Any]:
+        """``handle.wait()``, blocking in the communicator; the watchdog reports a long wait."""
+        self._waiting_for = waiting_for
         return handle.wait()
 
-    def _check(self, results: dict[str, Any], tag: Any) -> dict[str, Any]:
-        """Every result finite and the step tag agreed, else the same error on every rank: one host
-        sync eagerly; inside ``tf.function``, assertions that run with the step."""
+    def _stalled(self, waited: float) -> str:
+        return (f"hvdsketch: rank {self.communicator.rank} has waited {waited:.0f} s at step {self.step} for "
+                f"{self._waiting_for} (in flight: {', '.join(self._flights) or '-'}); another rank may not "
+                f"have started the same exchanges")
+
+    def _check_step(self, tag: Any) -> None:
+        """Every rank sent the same step and setup, else the same error on every rank (the tag is a
+        host tensor: checking it waits for no device)."""
+        ops = backend(tag)
+        agreed = agreement.step_agrees(ops, tag)
+        if ops.is_symbolic(agreed):
+            ops.check_true(agreed, str(agreement.step_error(self.step, self.communicator.rank)))
+        elif not ops.all_true([agreed]):
+            raise agreement.step_error(self.step, self.communicator.rank)
+
+    def _check(self, results: dict[str, Any]) -> dict[str, Any]:
+        """Every result finite, else the same error on every rank: one host sync eagerly; inside
+        ``tf.function``, assertions that run with the step."""
         floating = {name: values_of(r) for name, r in results.items()
                     if backend(values_of(r)).is_floating(values_of(r))}
-        if not floating and tag is None:
+        if not floating:
             return results
-        ops = backend(tag if tag is not None else next(iter(floating.values())))
-        agreed = None if tag is None else agreement.step_agrees(ops, tag)
-        if ops.is_symbolic(agreed if agreed is not None else next(iter(floating.values()))):
-            if agreed is not None:
-                ops.check_true(agreed, str(agreement.step_error(self.step, self.communicator.rank)))
+        ops = backend(next(iter(floating.values())))
+        if ops.is_symbolic(next(iter(floating.values()))):
             return {name: _with_values(r, ops.check_finite(values_of(r), _nonfinite(name)))
                     if name in floating else r for name, r in results.items()}
         flags = [ops.all_finite_flag(r) for r in floating.values()]
-        if ops.all_true(flags + ([agreed] if agreed is not None else [])):
+        if ops.all_true(flags):
             return results
-        if agreed is not None and not ops.all_true([agreed]):
-            raise agreement.step_error(self.step, self.communicator.rank)
         bad = [name for name, flag in zip(floating, flags) if not ops.all_true([flag])]
         raise FloatingPointError(_nonfinite(bad[0]) + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
 

@@ -155,3 +155,25 @@ def test_misuse_is_caught_as_horovod_catches_it(hvd):
     with pytest.raises(ValueError, match="Adasum combines the ranks' updates non-linearly"):
         DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
                              op=hvd.Adasum, compression="topk:ratio=0.1")
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_at_another_step_fails_on_every_rank(hvd):
+    """A checkpoint loaded on rank 0 only: the ranks' steps (which seed the hashes) differ, and the
+    next step raises on every rank instead of averaging mismatched exchanges."""
+    from hvdsketch.exchange import AgreementError
+
+    model = Net()
+    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                     compression="topk:ratio=0.1")
+    train(model, optimizer, hvd.rank())
+    saved = optimizer.state_dict()
+    model = Net()  # the first optimizer's hooks stay on the first model's parameters, as Horovod's do
+    resumed = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                   compression="topk:ratio=0.1")
+    if hvd.rank() == 0:
+        resumed.load_state_dict(saved)
+    tokens, labels = batch(hvd.rank(), 0)
+    torch.nn.functional.cross_entropy(model(tokens), labels).backward()
+    with pytest.raises(AgreementError, match="different steps"):
+        resumed.step()
