@@ -21,7 +21,8 @@ class Counter:
 
 class CommStats:
     """Per-collective counters of one rank, and seconds spent per phase of the exchange
-    (the exchanger's ``start``, on the backward path, and ``finish``, the wait before the step)."""
+    (the exchanger's ``start``, on the backward path; ``finish``, the wait before the step; ``codec``,
+    the time inside compressors and residual memory, a part of both)."""
 
     def __init__(self) -> None:
         self._by_collective: dict[str, Counter] = defaultdict(Counter)

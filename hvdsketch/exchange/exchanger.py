@@ -146,6 +146,7 @@ class Exchanger:
                         if handle is not None:
                             self._step_flight(name, flight, self._wait(handle, name))
             results = {name: flight.result for name, (flight, _) in self._flights.items()}
+            self.communicator.stats.seconds["codec"] += sum(flight.seconds for flight, _ in self._flights.values())
         finally:
             self._flights.clear()
         results = self._check(results)

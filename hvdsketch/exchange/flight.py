@@ -11,6 +11,7 @@ warm-up, the cost model and the benchmarks) drives them through a flight.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 from hvdsketch.compress.base import Compressor, Message, Round, TensorContext
@@ -21,10 +22,12 @@ class Flight:
 
     ``round`` is the round to send next and ``index`` its number; :meth:`advance` takes that
     round's reduction and moves to the next, until ``done``, when ``result`` holds the averaged
-    tensor.
+    tensor. ``seconds`` adds up the time spent in the compressor and the memory (the codec), the
+    waiting for collectives excluded.
     """
 
     def __init__(self, compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Any = None) -> None:
+        began = time.perf_counter()
         self.compressor, self.ctx = compressor, ctx
         self._memory = memory if memory is not None and memory.keeps(ctx.name) else None
         tensor = compressor.prepare(tensor, ctx)
@@ -35,6 +38,7 @@ class Flight:
         self.index = 0
         self.done = False
         self.result: Any = None
+        self.seconds = time.perf_counter() - began
 
     @property
     def messages(self) -> list[Message]:
@@ -43,17 +47,21 @@ class Flight:
     def settle(self) -> None:
         """Keep the residual of the round just started, if it settles what this rank sends."""
         if self._memory is not None and self.round.residual is not None:
+            began = time.perf_counter()
             residual = self.round.residual()
             if residual is not None:
                 self._memory.update(self.ctx.name, residual)
+            self.seconds += time.perf_counter() - began
 
     def advance(self, reduced: Sequence[Any]) -> bool:
         """Hand the current round's reduction to the compressor; True once the exchange is done."""
+        began = time.perf_counter()
         try:
             self.round = self._rounds.send(list(reduced))
             self.index += 1
         except StopIteration as end:
             self.result, self.done = end.value, True
+        self.seconds += time.perf_counter() - began
         return self.done
 
 

@@ -125,7 +125,7 @@ def test_a_missing_runner_module_is_unavailable():
 def record(step_s, quality, metric="perplexity", epochs=2, spike=0.0):
     steps = [step_s] * (10 * epochs - 1) + [step_s + spike]  # a spike moves the mean, not the median
     return {"step_s": sum(steps) / len(steps), "steps_s": steps, "steps": 10 * epochs, "exchange_s": step_s / 2,
-            "phases_s": {"compress": 0.01, "communicate": 0.1, "decompress": 0.02},
+            "phases_s": {"start": 0.01, "finish": 0.1, "codec": 0.03}, "epochs": epochs,
             "bytes_sent_per_step": 1e6, "bytes_dense_per_step": 4e6,
             "validation": [{metric: quality * 1.5}, {metric: quality}]}
 
@@ -137,45 +137,40 @@ def result(workload, label, rate="1gbit", ranks=2, status="ok", rec=None, runner
 
 def test_targets_are_met_missed_or_not_measured():
     cells = {
-        ("lstm", "1gbit", 2): {"dense": Outcome(1.0, 100.0, False, 0.5), "sketch": Outcome(0.8, 101.0, False, 0.05)},
-        ("lstm", "1gbit", 4): {"dense": Outcome(1.0, 100.0, False, 0.5), "sketch": Outcome(1.2, 103.0, False, 0.2)},
-        ("fasttext", "1gbit", 4): {"dense": Outcome(1.0, 0.5, True), "sketch": Outcome(0.5, 0.495, True),
-                                   "topk": Outcome(0.4, 0.5, True)},
-        ("fashion", "10gbit", 2): {"dense": Outcome(1.0, 0.8, True), "sketch": Outcome(None, None, True)},
+        ("lstm", "1gbit", 2): {"dense": Outcome(1.0, 100.0, False, 0.5), "sketch": Outcome(0.8, 101.0, False, 0.05),
+                               "dropin-sketch": Outcome(0.9, 101.0, False)},
+        ("lstm", "1gbit", 4): {"dense": Outcome(1.0, 100.0, False, 0.5), "sketch": Outcome(1.2, 103.0, False, 0.2),
+                               "dropin-sketch": Outcome(0.9, 103.0, False)},
+        ("fasttext", "1gbit", 4): {"dense": Outcome(1.0, 0.5, True), "auto": Outcome(0.05, 0.498, True),
+                                   "hvd-allgather": Outcome(0.06, 0.5, True),
+                                   "sketch": Outcome(0.1, 0.49, True, codec_s=0.01),
+                                   "sketch-ef": Outcome(0.12, 0.5, True, codec_s=0.03)},
+        ("fashion", "1gbit", 2): {"dense": Outcome(1.0, 0.8, True), "none": Outcome(None, None, True)},
     }
-    ran = list(cells) + [("fashion", "1gbit", 2)]
-    verdicts = {(v.workload, v.ranks, v.rate, v.target): v for v in evaluate(cells, "sketch", "dense", ran)
-                if v.subject == "sketch"}
-    assert verdicts["lstm", 2, "1gbit", "embedding exchange"].met is True  # 90% less
-    assert verdicts["lstm", 4, "1gbit", "embedding exchange"].met is False  # 60% less
-    assert verdicts["lstm", 2, "1gbit", "quality"].met is True  # +1%
-    assert verdicts["lstm", 4, "1gbit", "quality"].met is False  # +3%
-    assert verdicts["lstm", 4, "1gbit", "speed-up"].met is False
-    assert verdicts["fasttext", 4, "1gbit", "speed-up"].met is True  # 2x
-    assert verdicts["fasttext", 4, "1gbit", "ahead of peers"].met is False  # topk is faster
-    assert verdicts["fasttext", 4, "1gbit", "quality"].met is True  # 1% lower accuracy
-    assert verdicts["fashion", 2, "10gbit", "dense fallback"].met is None  # the sketch run failed
-    assert verdicts["fashion", 2, "1gbit", "dense fallback"].word == "not measured"  # nothing ran
+    ran = list(cells) + [("fashion", "1gbit", 4)]
+    verdicts = {(v.subject, v.workload, v.ranks, v.target): v for v in evaluate(cells, "sketch", "dense", ran)}
+    assert verdicts["sketch", "lstm", 2, "embedding exchange"].met is True  # 0.1x
+    assert verdicts["sketch", "lstm", 4, "embedding exchange"].met is False  # 0.4x
+    assert verdicts["dropin-sketch", "lstm", 2, "drop-in sketch"].met is True  # faster, +1%
+    assert verdicts["dropin-sketch", "lstm", 4, "drop-in sketch"].met is False  # +3% perplexity
+    assert verdicts["auto", "fasttext", 4, "auto vs sparse allgather"].met is True
+    assert verdicts["auto", "fasttext", 4, "auto quality"].met is True  # 0.4% lower accuracy
+    assert verdicts["sketch-ef", "fasttext", 4, "sketch EF codec"].met is False  # 3x the sketch's codec
+    assert verdicts["none", "fashion", 2, "hvdsketch none"].met is None  # the run failed
+    assert verdicts["none", "fashion", 4, "hvdsketch none"].word == "not measured"  # nothing ran
 
 
-def test_auto_targets_compare_with_their_own_rivals():
-    cells = {
-        ("lstm", "1gbit", 2): {"dense": Outcome(1.0, 100.0, False), "auto": Outcome(0.5, 101.0, False),
-                               "ddp-powersgd": Outcome(0.6, 100.0, False)},
-        ("lstm", "1gbit", 4): {"dense": Outcome(1.0, 100.0, False), "auto": Outcome(0.7, 104.0, False),
-                               "ddp-powersgd": Outcome(0.6, 100.0, False)},
-        ("lstm", "none", 2): {"dense": Outcome(1.0, 100.0, False), "auto": Outcome(1.06, 100.0, False)},
-        ("fashion", "1gbit", 2): {"dense": Outcome(1.0, 0.8, True), "auto": Outcome(0.83, 0.8, True),
-                                  "ddp-powersgd": Outcome(0.8, 0.8, True)},
-    }
-    verdicts = {(v.subject, v.workload, v.ranks, v.rate, v.target): v for v in evaluate(cells, "sketch", "dense", cells)}
-    assert verdicts["auto", "lstm", 2, "1gbit", "auto vs DDP+PowerSGD"].met is True
-    assert verdicts["auto", "lstm", 4, "1gbit", "auto vs DDP+PowerSGD"].met is False  # 0.7 s vs 0.6 s
-    assert verdicts["auto", "lstm", 4, "1gbit", "auto quality"].met is False  # 4% worse perplexity
-    assert verdicts["auto", "lstm", 2, "none", "auto unshaped"].met is False  # 6% slower than dense
-    fashion = verdicts["auto", "fashion", 2, "1gbit", "auto on dense gradients"]
-    assert fashion.met is True and "vs ddp-powersgd" in fashion.measured  # 4% above the faster rival
-    assert verdicts["sketch", "fashion", 2, "1gbit", "dense fallback"].met is None  # no sketch ran
+def test_time_to_target_picks_the_best_of_ours_against_every_other_entry():
+    def at(seconds, reached=True):
+        return Outcome(1.0, 100.0, False, time_to_target_s=seconds, reached=reached)
+
+    cells = {("lstm", "1gbit", 2): {"dense": at(100.0), "sketch": at(60.0), "auto": at(40.0), "topk": at(50.0)},
+             ("lstm", "1gbit", 4): {"dense": at(100.0), "union": at(30.0), "powersgd": at(20.0),
+                                    "allgather": at(None, reached=False)}}
+    verdicts = {(v.ranks, v.target): v for v in evaluate(cells, "sketch", "dense", cells)}
+    assert verdicts[2, "time to target"].met is True and "auto 40 s, 2.50x" in verdicts[2, "time to target"].measured
+    assert verdicts[4, "time to target"].met is False  # powersgd is sooner than the best of ours
+    assert verdicts[4, "exact reaches dense"].met is False  # allgather never reached it
 
 
 def test_report_has_every_run_failures_included_and_plots(tmp_path):
@@ -183,9 +178,12 @@ def test_report_has_every_run_failures_included_and_plots(tmp_path):
                result("lstm", "topk", status="failed"), result("lstm", "ddp", status="unavailable"),
                result("lstm", "exchange-probe", runner="exchange-probe", rec={"rows": [
                    {"label": "dense", "exchange_s": 0.4, "vs_baseline": 1.0, "bytes_sent_per_step": 1e7},
-                   {"label": "sketch", "exchange_s": 0.05, "vs_baseline": 0.125, "bytes_sent_per_step": 2e6}]})]
-    cells = outcomes(results)
+                   {"label": "sketch", "exchange_s": 0.05, "vs_baseline": 0.125, "bytes_sent_per_step": 2e6}]}),
+               result("lstm", "dense", rate="none", rec=record(0.2, 200.0)),
+               result("lstm", "sketch", rate="none", rec=record(0.1, 198.0))]  # reaches dense's 200 at step 20
+    cells = outcomes(results, "dense")
     assert cells["lstm", "1gbit", 2]["sketch"].probe_s == 0.05 and cells["lstm", "1gbit", 2]["topk"].step_s is None
+    assert cells["lstm", "1gbit", 2]["sketch"].time_to_target_s == pytest.approx(20 * 0.5)  # median step, not mean
     matrix = Matrix.load(str(ROOT / "configs" / "bench.yaml")).select(workloads=["lstm"], rates=["1gbit"], ranks=[2])
     verdicts = evaluate(cells, "sketch", "dense", [("lstm", "1gbit", 2)])
     meta = {"command": "hvdsketch bench train", "started": "now", "load": [1.0, 2.0],
@@ -194,11 +192,12 @@ def test_report_has_every_run_failures_included_and_plots(tmp_path):
     rows = {line.split("|")[3].strip(): line for line in text.splitlines()
             if line.startswith("| 1gbit") and line.count("|") == 15}  # the training table's
     assert " 2x |" in rows["sketch"] and "+5.00%" in rows["sketch"]  # speed-up, perplexity 5% higher
-    assert "quality: MISSED" in rows["sketch"] and "embedding exchange: met" in rows["sketch"]  # 87.5% less
+    assert "embedding exchange: met" in rows["sketch"]  # 0.125x
     assert "failed: exit 1: boom" in rows["topk"] and "unavailable" in rows["ddp"]
     assert "0.125x" in text  # the probe table
+    assert "| 1gbit |     2 | sketch |" in text.split("Time to dense's final quality")[1]  # the time-to-target table
     written = plots(results, matrix, tmp_path)
-    assert sorted(p.name for p in written) == ["lstm-bytes.png", "lstm-quality.png", "lstm-step.png"]
+    assert sorted(p.name for p in written) == ["lstm-bytes.png", "lstm-pareto.png", "lstm-quality.png", "lstm-step.png"]
     assert all(p.stat().st_size > 1000 for p in written)
 
 
@@ -305,7 +304,7 @@ def test_bench_train_runs_a_tiny_matrix_on_the_cluster(tmp_path):
           fashion: {{config: {ROOT / 'configs' / 'fashion.yaml'}, epochs: 1, steps_per_epoch: 3}}
         entries:
           - {{label: dense, compression: none, path: horovod}}
-          - {{label: sketch, compression: "sketch:error=0.5"}}
+          - {{label: none, compression: none}}
           - {{label: ddp, runner: hvdsketch.lab.bench.no_such_module}}
         """)
     out = tmp_path / "out"
@@ -315,9 +314,9 @@ def test_bench_train_runs_a_tiny_matrix_on_the_cluster(tmp_path):
     assert "[1/3 " in done.stdout and "[3/3 " in done.stdout  # progress
     bench = json.loads((out / "bench.json").read_text())
     status = {r["label"]: r["status"] for r in bench["results"]}
-    assert status == {"dense": "ok", "sketch": "ok", "ddp": "unavailable"}
-    sketch = next(r for r in bench["results"] if r["label"] == "sketch")["record"]
-    assert sketch["steps"] == 3 and sketch["bytes_sent_per_step"] > 0
-    fallback = next(t for t in bench["targets"] if t["target"] == "dense fallback")
+    assert status == {"dense": "ok", "none": "ok", "ddp": "unavailable"}
+    none = next(r for r in bench["results"] if r["label"] == "none")["record"]
+    assert none["steps"] == 3 and none["bytes_sent_per_step"] > 0
+    fallback = next(t for t in bench["targets"] if t["target"] == "hvdsketch none")
     assert fallback["met"] in (True, False)  # measured, whichever way it went
-    assert "| 1gbit" in (out / "bench.md").read_text() and (out / "fashion-quality.png").exists()
+    assert "| 1gbit" in (out / "bench.md").read_text() and (out / "fashion-step.png").exists()

@@ -103,10 +103,19 @@ class Entry:
         return {k: v for k, v in out.items() if v is not None}
 
 
+#: The link rate of the quality runs: unshaped links, since quality per step does not depend on the link.
+UNSHAPED = "none"
+
+
 @dataclass(frozen=True)
 class WorkloadRuns:
     """How one workload is run: its training config, the same epochs and steps for every entry, and
-    the tensor whose exchange ``hvdsketch bench exchange`` times (None: no probe)."""
+    the tensor whose exchange ``hvdsketch bench exchange`` times (None: no probe).
+
+    ``quality``: ``[epochs, steps_per_epoch]`` of the unshaped cells (rate ``none``), long enough for
+    the methods' quality to separate; a validation after each epoch makes each run's quality curve.
+    The shaped cells time steps with ``epochs`` x ``steps_per_epoch``; the report joins the two (time
+    to a quality = steps to reach it, unshaped, x step time, shaped)."""
 
     name: str
     config: str
@@ -114,15 +123,25 @@ class WorkloadRuns:
     steps_per_epoch: int = 50
     probe: str | None = None
     probe_steps: int = 10
+    quality: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if min(self.epochs, self.steps_per_epoch, self.probe_steps) < 1:
             raise SpecError(f"workload {self.name}: epochs, steps_per_epoch and probe_steps must be >= 1")
+        if self.quality is not None:
+            if len(self.quality) != 2 or min(self.quality) < 1:
+                raise SpecError(f"workload {self.name}: quality must be [epochs, steps_per_epoch], got {self.quality}")
+            object.__setattr__(self, "quality", tuple(int(v) for v in self.quality))
 
-    def training_config(self, entry: Entry) -> dict[str, Any]:
-        """The workload's YAML with the entry's settings and the step budget laid over it."""
+    def budget(self, rate: str) -> tuple[int, int]:
+        """``(epochs, steps_per_epoch)`` of a run at ``rate``."""
+        return self.quality if rate == UNSHAPED and self.quality else (self.epochs, self.steps_per_epoch)
+
+    def training_config(self, entry: Entry, rate: str) -> dict[str, Any]:
+        """The workload's YAML with the entry's settings and the step budget at ``rate`` laid over it."""
         raw = yaml.safe_load(Path(self.config).read_text()) or {}
-        return {**raw, **entry.overrides(), "epochs": self.epochs, "steps_per_epoch": self.steps_per_epoch}
+        epochs, steps = self.budget(rate)
+        return {**raw, **entry.overrides(), "epochs": epochs, "steps_per_epoch": steps}
 
 
 @dataclass(frozen=True)
@@ -152,7 +171,7 @@ class Job:
                     "--tensor", str(self.workload.probe), "--entries", str(entries),
                     "--steps", str(self.workload.probe_steps), "--json", str(run_dir / "record.json")]
         config = run_dir / "config.yaml"
-        config.write_text(yaml.safe_dump(self.workload.training_config(self.entry), sort_keys=False))
+        config.write_text(yaml.safe_dump(self.workload.training_config(self.entry, self.rate), sort_keys=False))
         head = ([sys.executable, "-m", "hvdsketch.lab.cli", "train"] if self.entry.runner == TRAIN
                 else [sys.executable, "-m", self.entry.runner])
         return head + ["--config", str(config), "--out", str(run_dir), *self.entry.args]
@@ -212,6 +231,8 @@ class Matrix:
                 raise SpecError(f"unknown {what}(s) {', '.join(unknown)}; valid: {', '.join(dict.fromkeys(valid))}")
         budget = {k: v for k, v in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch),
                                     ("probe_steps", probe_steps)) if v is not None}
+        if epochs is not None or steps_per_epoch is not None:
+            budget["quality"] = None  # a budget given for every run holds for the quality runs too
         return dataclasses.replace(
             self,
             workloads=tuple(dataclasses.replace(w, **budget) for w in self.workloads

@@ -107,3 +107,14 @@ def bar_plot(groups: dict[str, dict[str, float]], path: str, title: str, ylabel:
     _style(ax, title, "", ylabel, "y" if log else "")  # before the ticks: setting a scale resets them
     ax.set_xticks(range(len(groups)), list(groups), fontsize=8)
     _save(fig, path)
+
+
+def scatter_plot(points: dict[str, tuple[float, float]], path: str, title: str, xlabel: str, ylabel: str,
+                 log: str = "") -> None:
+    """One labelled point per key: ``points[label] = (x, y)`` (e.g. bytes per step against quality)."""
+    fig, (ax,) = _axes(1, "")
+    for label, (x, y) in points.items():
+        ax.plot([x], [y], "o", markersize=6)
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    _style(ax, title, xlabel, ylabel, log)
+    _save(fig, path)

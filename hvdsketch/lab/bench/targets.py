@@ -1,26 +1,27 @@
-"""The targets of the benchmark (issues 7 and 8), checked against one run's measurements.
+"""The targets of the benchmark (issues 12, 14 and 15), checked against one run's measurements.
 
 Per cell (workload, link rate, ranks) a target compares its *subject* entry
-with a *baseline* entry of the same cell. Issue 7's targets are about the
-matrix's subject (sparse-sketch) against its baseline (dense Horovod
-allreduce); issue 8's about ``auto``:
+with a *baseline* entry of the same cell (dense Horovod unless it names another):
 
-==========================  ========  =====  =================================================================
+==========================  ========  =====  ===================================================================
 target                      workload  rate   requirement
-==========================  ========  =====  =================================================================
-embedding exchange          lstm      1gbit  the probed tensor's exchange time at least 81% below baseline
-                                             (also for ``sketch-ef``, the paper-like sizing with error feedback)
-speed-up                    lstm      1gbit  baseline step time / subject step time >= 1 (the speed-up is reported)
-quality                     lstm      1gbit  validation perplexity within 2% of baseline
-speed-up                    fasttext  1gbit  baseline step time / subject step time >= 1.8
-ahead of peers              fasttext  1gbit  at 4 ranks, faster per step than every other entry that ran
-quality                     fasttext  1gbit  validation accuracy within 2% (relative) of baseline
-dense fallback              fashion   any    step time at most 5% above baseline
-auto vs DDP+PowerSGD        lstm      1gbit  ``auto`` no slower per step than ``ddp-powersgd``
-auto quality                lstm      1gbit  ``auto``'s perplexity within 2% of baseline
-auto unshaped               lstm      none   ``auto`` at most 5% slower than baseline: it knows when not to compress
-auto on dense gradients     fashion   any    ``auto`` at most 5% slower than the faster of baseline and ``ddp-powersgd``
-==========================  ========  =====  =================================================================
+==========================  ========  =====  ===================================================================
+time to target              lstm,     1gbit  the fastest of hvdsketch's own entries (OURS) reaches dense's final
+                            fasttext         quality at least 1.8x sooner than dense and sooner than every other
+exact reaches dense         lstm,     none   the exact sparse methods reach dense's final quality
+                            fasttext
+embedding exchange          lstm      1gbit  the sketch's exchange of the probed embedding at most 0.19x dense's
+auto vs sparse allgather    fasttext  1gbit  ``auto`` no slower per step than Horovod's sparse allgather
+auto quality                fasttext  1gbit  ``auto``'s accuracy within 1% of dense
+sketch EF codec             fasttext  1gbit  ``sketch-ef``'s codec time per step at most 2x ``sketch``'s
+auto vs DDP+PowerSGD        lstm      1gbit  ``auto`` faster per step than ``ddp-powersgd``
+hvdsketch none              fashion   1gbit  hvdsketch's optimizer with ``none`` at most 3% slower than Horovod's
+hvdsketch fp16              fashion   1gbit  hvdsketch's optimizer with fp16 at most 3% slower than Horovod's
+drop-in sketch              fashion   1gbit  Horovod's optimizer with ``Compression.sketch()`` at most 3% slower
+                                             than with ``none``, accuracy within 1%
+drop-in sketch              lstm,     1gbit  Horovod's optimizer (tape) with ``Compression.sketch()`` faster than
+                            lstm_tf          dense, perplexity within 2%
+==========================  ========  =====  ===================================================================
 
 A target whose runs failed, or whose cell was not run, is ``not measured``.
 """
@@ -32,6 +33,12 @@ from typing import Callable, Iterable, Mapping, Sequence
 RATE = "1gbit"
 
 
+#: hvdsketch's own methods: the entries the time-to-target target picks its best from.
+OURS = ("sketch", "sketch-ef", "union", "allgather", "auto")
+#: The exact sparse methods.
+EXACT = ("union", "allgather", "hvd-allgather")
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What one entry measured in one cell (``None``: failed or not run)."""
@@ -40,6 +47,11 @@ class Outcome:
     quality: float | None
     higher_is_better: bool
     probe_s: float | None = None
+    codec_s: float | None = None           # compress + decompress per step
+    bytes_per_step: float | None = None
+    time_to_target_s: float | None = None  # to the baseline's final quality (steps unshaped x step time here)
+    reached: bool = False                  # its unshaped curve reached the baseline's final quality
+    runner: str = "train"
 
 
 #: (workload, rate, ranks) -> label -> outcome
@@ -79,38 +91,34 @@ def _pair(cell: Mapping[str, Outcome], subject: str, baseline: str, field: str) 
     return None if None in values else values  # type: ignore[return-value]
 
 
-def exchange_cut(at_least: float):
+def exchange_at_most(fraction: float):
     def check(cell, subject, baseline):
         pair = _pair(cell, subject, baseline, "probe_s")
         if pair is None:
             return None
-        cut = 1 - pair[0] / pair[1]
-        return f"{cut:.0%} less ({1e3 * pair[0]:.0f} vs {1e3 * pair[1]:.0f} ms)", cut >= at_least
+        ratio = pair[0] / pair[1]
+        return f"{ratio:.2f}x ({1e3 * pair[0]:.0f} vs {1e3 * pair[1]:.0f} ms)", ratio <= fraction
     return check
 
 
-def speedup(at_least: float):
+def faster_by(at_least: float):
+    """Baseline's step time over the subject's at least ``at_least`` (1.0: no slower)."""
     def check(cell, subject, baseline):
         pair = _pair(cell, subject, baseline, "step_s")
         if pair is None:
             return None
         ratio = pair[1] / pair[0]
-        return f"{ratio:.2f}x", ratio >= at_least
+        return f"{ratio:.2f}x ({1e3 * pair[0]:.1f} vs {1e3 * pair[1]:.1f} ms)", ratio >= at_least
     return check
 
 
-def slower_by_at_most(fraction: float, or_than: Sequence[str] = ()):
-    """Subject's step time at most ``fraction`` above the baseline's, or above the fastest of the
-    baseline and the entries ``or_than`` that ran."""
+def slower_by_at_most(fraction: float):
     def check(cell, subject, baseline):
         pair = _pair(cell, subject, baseline, "step_s")
         if pair is None:
             return None
-        rivals = {label: cell[label].step_s for label in (baseline, *or_than)
-                  if label in cell and cell[label].step_s is not None}
-        best = min(rivals, key=rivals.get)
-        extra = pair[0] / rivals[best] - 1
-        return f"{extra:+.1%} step time" + (f" vs {best}" if or_than else ""), extra <= fraction
+        extra = pair[0] / pair[1] - 1
+        return f"{extra:+.1%} ({1e3 * pair[0]:.1f} vs {1e3 * pair[1]:.1f} ms)", extra <= fraction
     return check
 
 
@@ -124,40 +132,84 @@ def quality_within(fraction: float):
     return check
 
 
-def ahead_of_peers(cell, subject, baseline):
-    mine = cell.get(subject)
-    peers = {label: o.step_s for label, o in cell.items() if label != subject and o.step_s is not None}
-    if mine is None or mine.step_s is None or not peers:
+def both(*checks):
+    """Every check met (``None`` if any is not measured)."""
+    def check(cell, subject, baseline):
+        results = [c(cell, subject, baseline) for c in checks]
+        if any(r is None for r in results):
+            return None
+        return "; ".join(r[0] for r in results), all(r[1] for r in results)
+    return check
+
+
+def codec_at_most(times: float, than: str):
+    def check(cell, subject, baseline):
+        pair = _pair(cell, subject, than, "codec_s")
+        if pair is None:
+            return None
+        ratio = pair[0] / pair[1]
+        return f"{ratio:.2f}x ({1e3 * pair[0]:.1f} vs {1e3 * pair[1]:.1f} ms)", ratio <= times
+    return check
+
+
+def soonest_to_target(at_least: float):
+    """The fastest of :data:`OURS` to the baseline's final quality: ``at_least`` times sooner than the
+    baseline and sooner than every other entry that ran."""
+    def check(cell, subject, baseline):
+        timed = {label: o.time_to_target_s for label, o in cell.items() if o.time_to_target_s is not None}
+        base = cell.get(baseline)
+        if base is None or base.time_to_target_s is None or not any(label in timed for label in OURS):
+            return None
+        best = min((label for label in OURS if label in timed), key=timed.get)
+        others = {label: t for label, t in timed.items() if label not in OURS}
+        rival = min(others, key=others.get) if others else None
+        ratio = base.time_to_target_s / timed[best]
+        ahead = rival is None or timed[best] < others[rival]
+        text = f"{best} {timed[best]:.0f} s, {ratio:.2f}x {baseline}" + (
+            f"; best other {rival} {others[rival]:.0f} s" if rival else "")
+        return text, ratio >= at_least and ahead
+    return check
+
+
+def reaches_target(cell, subject, baseline):
+    ran = {label: o for label, o in cell.items() if label in EXACT and o.quality is not None}
+    if not ran:
         return None
-    best = min(peers, key=peers.get)
-    return (f"{1e3 * mine.step_s:.0f} ms vs best peer {best} {1e3 * peers[best]:.0f} ms",
-            mine.step_s < peers[best])
+    missed = [label for label, o in ran.items() if not o.reached]
+    return (", ".join(f"{label} {'reached' if o.reached else f'{o.quality:.4g}'}" for label, o in ran.items()),
+            not missed)
 
 
 def at(rate: str, ranks: Sequence[int] = (2, 4)) -> Callable[[str, int], bool]:
     return lambda r, n: r == rate and n in ranks
 
 
-def anywhere(rate: str, ranks: int) -> bool:
-    return True
-
-
 TARGETS = (
-    Target("embedding exchange", "lstm", ">= 81% less than dense", at(RATE), exchange_cut(0.81)),
-    Target("embedding exchange", "lstm", ">= 81% less than dense", at(RATE), exchange_cut(0.81), subject="sketch-ef"),
-    Target("speed-up", "lstm", ">= 1x dense", at(RATE), speedup(1.0)),
-    Target("quality", "lstm", "perplexity within 2% of dense", at(RATE), quality_within(0.02)),
-    Target("speed-up", "fasttext", ">= 1.8x dense", at(RATE), speedup(1.8)),
-    Target("ahead of peers", "fasttext", "fastest entry", at(RATE, (4,)), ahead_of_peers),
-    Target("quality", "fasttext", "accuracy within 2% of dense", at(RATE), quality_within(0.02)),
-    Target("dense fallback", "fashion", "<= 5% slower than dense", anywhere, slower_by_at_most(0.05)),
-    Target("auto vs DDP+PowerSGD", "lstm", "no slower than ddp-powersgd", at(RATE), speedup(1.0),
+    Target("time to target", "lstm", ">= 1.8x dense, sooner than every other entry", at(RATE), soonest_to_target(1.8)),
+    Target("time to target", "fasttext", ">= 1.8x dense, sooner than every other entry", at(RATE),
+           soonest_to_target(1.8)),
+    Target("exact reaches dense", "lstm", "dense's final perplexity", at("1gbit"), reaches_target),
+    Target("exact reaches dense", "fasttext", "dense's final accuracy", at("1gbit"), reaches_target),
+    Target("embedding exchange", "lstm", "<= 0.19x dense (81% less)", at(RATE), exchange_at_most(0.19)),
+    Target("auto vs sparse allgather", "fasttext", "no slower than hvd-allgather", at(RATE), faster_by(1.0),
+           subject="auto", baseline="hvd-allgather"),
+    Target("auto quality", "fasttext", "accuracy within 1% of dense", at(RATE), quality_within(0.01), subject="auto"),
+    Target("sketch EF codec", "fasttext", "<= 2x sketch's codec time", at(RATE), codec_at_most(2.0, "sketch"),
+           subject="sketch-ef"),
+    Target("auto vs DDP+PowerSGD", "lstm", "faster than ddp-powersgd", at(RATE), faster_by(1.0),
            subject="auto", baseline="ddp-powersgd"),
-    Target("auto quality", "lstm", "perplexity within 2% of dense", at(RATE), quality_within(0.02), subject="auto"),
-    Target("auto unshaped", "lstm", "<= 5% slower than dense", at("none"), slower_by_at_most(0.05),
-           subject="auto"),
-    Target("auto on dense gradients", "fashion", "<= 5% slower than the best of dense, ddp-powersgd", anywhere,
-           slower_by_at_most(0.05, or_than=("ddp-powersgd",)), subject="auto"),
+    Target("hvdsketch none", "fashion", "<= 3% slower than Horovod's", at(RATE), slower_by_at_most(0.03),
+           subject="none"),
+    Target("hvdsketch fp16", "fashion", "<= 3% slower than Horovod's fp16", at(RATE), slower_by_at_most(0.03),
+           subject="fp16-hvdsketch", baseline="fp16"),
+    Target("drop-in sketch", "fashion", "<= 3% slower than none, accuracy within 1%", at(RATE),
+           both(slower_by_at_most(0.03), quality_within(0.01)), subject="dropin-sketch"),
+    Target("drop-in sketch", "lstm", "faster than dense, perplexity within 2%", at(RATE),
+           both(faster_by(1.0), quality_within(0.02)), subject="dropin-sketch"),
+    Target("drop-in sketch", "lstm_tf", "faster than dense, perplexity within 2%", at(RATE),
+           both(faster_by(1.0), quality_within(0.02)), subject="dropin-sketch"),
+    Target("tape sketch", "lstm_tf", "faster than dense, perplexity within 2%", at(RATE),
+           both(faster_by(1.0), quality_within(0.02)), subject="sketch"),
 )
 
 

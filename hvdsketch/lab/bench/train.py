@@ -40,7 +40,6 @@ import os
 import re
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -49,13 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from hvdsketch.lab.bench import report
-from hvdsketch.lab.bench.matrix import TRAIN, Job, Matrix
+from hvdsketch.lab.bench.matrix import TRAIN, UNSHAPED, Job, Matrix
+from hvdsketch.lab.bench.quality import metric, step_seconds, times_to_target, wall_time_curves
 from hvdsketch.lab.bench.targets import Outcome, Verdict, evaluate
 from hvdsketch.policy.cost import parse_bandwidth
 
 #: The emulated cluster, from the project's checkout (the benchmark runs from its root).
 CLUSTER = os.environ.get("HVDSKETCH_CLUSTER", "launch/cluster.sh")
-QUALITY = (("perplexity", False), ("accuracy", True))  # the headline metric of a record, and its direction
 
 
 def _list(kind: type):
@@ -171,30 +170,33 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def quality(record: dict[str, Any]) -> tuple[str, float, bool] | None:
     """The record's headline validation metric after the last epoch: (name, value, higher is better)."""
-    last = (record.get("validation") or [{}])[-1]
-    return next(((k, float(last[k]), up) for k, up in QUALITY if k in last), None)
+    found = metric(record)
+    return None if found is None else (found[0], float(record["validation"][-1][found[0]]), found[1])
 
 
-def step_seconds(record: dict[str, Any]) -> float:
-    """A run's typical step: the median of its steps where the record lists them (robust to the
-    spikes of a shared machine and to the first step's one-off costs), else the mean."""
-    steps = record.get("steps_s")
-    return statistics.median(steps) if steps else record["step_s"]
+def _runs(results: list[Result]) -> list[tuple[str, str, int, str, dict[str, Any]]]:
+    return [(r.workload, r.rate, r.ranks, r.label, r.record) for r in results
+            if r.ok and r.runner != "exchange-probe"]
 
 
-def outcomes(results: list[Result]) -> dict[tuple[str, str, int], dict[str, Outcome]]:
-    """Per cell and entry label: step time, quality and probed exchange time, for the targets."""
+def outcomes(results: list[Result], baseline: str) -> dict[tuple[str, str, int], dict[str, Outcome]]:
+    """Per cell and entry label: step time, quality, probed exchange time, codec time, bytes and the
+    time to the baseline's final quality, for the targets."""
     cells: dict[tuple[str, str, int], dict[str, Outcome]] = {}
     probes = {(r.workload, r.rate, r.ranks): {row["label"]: row["exchange_s"] for row in r.record["rows"]}
               for r in results if r.ok and r.runner == "exchange-probe"}
+    reach = {(t.workload, t.rate, t.ranks, t.label): t for t in times_to_target(_runs(results), baseline)}
     for r in results:
         if r.runner == "exchange-probe":
             continue
         cell = (r.workload, r.rate, r.ranks)
         q = quality(r.record) if r.ok else None
+        t = reach.get((*cell, r.label))
         cells.setdefault(cell, {})[r.label] = Outcome(
             step_seconds(r.record) if r.ok else None, q[1] if q else None, q[2] if q else True,
-            probes.get(cell, {}).get(r.label))
+            probes.get(cell, {}).get(r.label), (r.record.get("phases_s") or {}).get("codec") if r.ok else None,
+            r.record["bytes_sent_per_step"] if r.ok else None, t.seconds if t else None,
+            t is not None and t.steps is not None, r.runner)
     return cells
 
 
@@ -216,8 +218,7 @@ def _training_rows(results: list[Result], baseline: str, verdicts: list[Verdict]
             rows.append(cell + [f"{r.status}: {r.message}"[:80]] + ["-"] * 8 + [_load(r), target])
             continue
         rec, b = r.record, base.get((r.rate, r.ranks))
-        phases = rec.get("phases_s") or {}
-        codec = phases["compress"] + phases["decompress"] if {"compress", "decompress"} <= set(phases) else None
+        codec = (rec.get("phases_s") or {}).get("codec")
         q, bq = quality(rec), quality(b.record) if b else None
         delta = f"{100 * (q[1] / bq[1] - 1):+.2f}%" if q and bq else "-"
         sent, dense = rec["bytes_sent_per_step"], rec["bytes_dense_per_step"]
@@ -248,6 +249,18 @@ def _probe_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def _reach_rows(results: list[Result], baseline: str) -> tuple[list[str], list[list[str]]]:
+    found = times_to_target(_runs(results), baseline)
+    base = {(t.rate, t.ranks): t for t in found if t.label == baseline}
+    headers = ["rate", "ranks", "entry", "target", "final (unshaped)", "steps to target", "step ms", "time to target",
+               "vs " + baseline]
+    rows = [[t.rate, str(t.ranks), t.label, report.number(t.target, 4), report.number(t.final, 4),
+             str(t.steps) if t.steps is not None else "not reached", _ms(t.step_s),
+             report.number(t.seconds, 4, " s"), report.number(t.speedup(base.get((t.rate, t.ranks))), 3, "x")]
+            for t in found]
+    return headers, rows
+
+
 def markdown(results: list[Result], verdicts: list[Verdict], matrix: Matrix, meta: dict[str, Any]) -> str:
     """The whole report: per workload the training table and the probe table, then the targets."""
     m = meta["machine"]
@@ -265,6 +278,10 @@ def markdown(results: list[Result], verdicts: list[Verdict], matrix: Matrix, met
         if any(r.runner == "exchange-probe" for r in mine):
             parts.append(f"Exchange of `{w.probe}` alone, median of {w.probe_steps} real gradients, slowest rank:\n\n"
                          + report.markdown(*_probe_rows(mine)))
+        reach = _reach_rows(mine, matrix.baseline)
+        if reach[1]:
+            parts.append(f"Time to {matrix.baseline}'s final quality (steps from the unshaped run x median step "
+                         f"time of the shaped run):\n\n" + report.markdown(*reach))
     if verdicts:
         parts.append(f"### Targets (against {matrix.baseline} unless they say otherwise)\n\n" + report.markdown(
             ["workload", "rate", "ranks", "entry", "target", "required", "measured", "verdict"],
@@ -280,19 +297,20 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
         ran = [r for r in results if r.workload == w.name and r.ok and r.runner != "exchange-probe"]
         if not ran:
             continue
-        panels: dict[str, report.Series] = {}
-        for r in ran:
-            rec, q = r.record, quality(r.record)
-            if q is None:
-                continue
-            per_epoch = step_seconds(rec) * rec["steps"] / max(len(rec["validation"]), 1)
-            panels.setdefault(f"{r.rate}, {r.ranks} ranks", {})[r.label] = [
-                (per_epoch * (i + 1), v[q[0]]) for i, v in enumerate(rec["validation"])]
-        metric = next(q[0] for r in ran if (q := quality(r.record)))
-        path = out / f"{w.name}-quality.png"
-        report.line_plot(panels, str(path), f"{w.name}: validation {metric} against training time",
-                         "training time (s): steps x step time", metric)
-        written.append(path)
+        name = next((q[0] for r in ran if (q := quality(r.record))), "quality")
+        panels = wall_time_curves(_runs(ran), w.name)
+        if panels:
+            path = out / f"{w.name}-quality.png"
+            report.line_plot(panels, str(path), f"{w.name}: validation {name} against wall time per link rate "
+                             f"(unshaped curve x that link's step time)", "wall time (s)", name, log="x")
+            written.append(path)
+        front = {r.label: (r.record["bytes_sent_per_step"] / 1e6, q[1]) for r in ran
+                 if r.rate == UNSHAPED and (q := quality(r.record))}
+        if front:
+            path = out / f"{w.name}-pareto.png"
+            report.scatter_plot(front, str(path), f"{w.name}: bytes per step against final {name} (unshaped runs)",
+                                "MB sent per step and rank", name, log="x")
+            written.append(path)
         for name, value, unit, log in (("bytes", lambda rec: rec["bytes_sent_per_step"] / 1e6,
                                         "MB sent per step and rank", True),
                                        ("step", step_seconds, "median step time (s)", False)):
@@ -323,7 +341,7 @@ def ordered(results: list[Result], matrix: Matrix) -> list[Result]:
 def _write(out: Path, meta: dict[str, Any], results: list[Result], matrix: Matrix) -> list[Verdict]:
     cells = [(w.name, rate, n) for w in matrix.workloads for rate in matrix.rates for n in matrix.ranks]
     cells += sorted({(r.workload, r.rate, r.ranks) for r in results} - set(cells))  # carried by --resume
-    verdicts = evaluate(outcomes(results), matrix.subject, matrix.baseline, cells)
+    verdicts = evaluate(outcomes(results, matrix.baseline), matrix.subject, matrix.baseline, cells)
     (out / "bench.json").write_text(json.dumps(
         {**meta, "results": [asdict(r) for r in results], "targets": [asdict(v) for v in verdicts]}, indent=1))
     return verdicts
