@@ -37,6 +37,8 @@ class Workload(ABC):
     batch_size       examples per rank and step (the global batch is ``size`` times this)
     eval_batch_size  examples per validation batch
     limit            train on the first ``limit`` training examples only (quick runs); None: all
+    val_limit        validate on the first ``val_limit`` validation examples only (frequent
+                     validation in long runs); None: all
     seed             seeds the model's initial weights and each epoch's shuffle
     """
 
@@ -48,14 +50,16 @@ class Workload(ABC):
     batch_size: int = 32
     eval_batch_size: int = 256
     limit: int | None = None
+    val_limit: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
         for option in ("batch_size", "eval_batch_size"):
             if getattr(self, option) < 1:
                 raise ValueError(f"{option} must be >= 1, got {getattr(self, option)}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be >= 1 or None, got {self.limit}")
+        for option in ("limit", "val_limit"):
+            if getattr(self, option) is not None and getattr(self, option) < 1:
+                raise ValueError(f"{option} must be >= 1 or None, got {getattr(self, option)}")
 
     # -- data hooks (numpy) -------------------------------------------------
     @abstractmethod
@@ -97,7 +101,7 @@ class Workload(ABC):
             yield self.to_batch(self.arrays("train", index))
 
     def val_batches(self) -> Iterator[Batch]:
-        n = self.examples("val")
+        n = self.examples("val") if self.val_limit is None else min(self.examples("val"), self.val_limit)
         for start in range(0, n, self.eval_batch_size):
             yield self.to_batch(self.arrays("val", np.arange(start, min(start + self.eval_batch_size, n))))
 
