@@ -126,7 +126,7 @@ class Memory:
     def _bytes(self, host: bool) -> int:
         return sum(backend(value).nbytes(value)
                    for slot, state in self._state.items() if self._slot_store[slot].host == host
-                   for key, value in state.items() if key not in self._slot_store[slot].meta)
+                   for key, value in state.items() if key not in self._slot_store[slot].scalars)
 
     def state_dict(self) -> dict[str, Any]:
         """The memory as nested dicts of numpy arrays (see the module docstring)."""
