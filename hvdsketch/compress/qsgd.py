@@ -21,6 +21,8 @@ class QSGD(StochasticQuantizer):
     both allgathered (see :mod:`hvdsketch.compress.quantize`). Rounding draws are seeded from
     ``seed``, the tensor's name and the step.
 
+    Host syncs: none.
+
     Options (flag ``qsgd:levels=127,bucket=512``):
       levels  quantization levels s per sign, 1..32767 (default 127: 8-bit codes)
       bucket  coordinates per norm; none for one norm per tensor (default 512)

@@ -20,6 +20,8 @@ class TernGrad(StochasticQuantizer):
     scaler sharing (a max over ranks first) would cost an extra round. Rounding draws
     are seeded from ``seed``, the tensor's name and the step.
 
+    Host syncs: none.
+
     Options (flag ``terngrad``):
       seed    base seed of the rounding draws (default 0)
     """
