@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: set up what is missing, run the single-process tests, then
+# The test command: set up what is missing, run the single-process tests (tests/gpu skips without CUDA), then
 # every MPI suite with each rank running pytest under mpirun -np 2 and -np 4,
 # each job under a timeout so a hang fails. Ends with "N passed, N failed".
 set -uo pipefail

@@ -119,13 +119,15 @@ def pending(compression, memory):
 def test_optimizer_steps_on_the_gradients_device(hvd, compression, memory, request):
     if pending(compression, memory):
         request.applymarker(pytest.mark.xfail(strict=True, reason=pending(compression, memory)))
-    model, batches = model_and_batches(hvd.rank(), 3)
+    model, batches = model_and_batches(hvd.rank(), 2)
     with meta_default((Exchanger, "start")):
+        # names of this combination's own: an xfailed step may leave collectives in flight under its names
+        named = [(f"{compression}.{memory}.{name}", p) for name, p in model.named_parameters()]
         optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                         model.named_parameters(), compression=compression, memory=memory)
-        train(model, optimizer, batches[:2])
+                                         named, compression=compression, memory=memory)
+        train(model, optimizer, batches[:1])  # auto and the planner decide after it
         optimizer.load_state_dict(optimizer.state_dict())  # residuals and state restored on the device
-        train(model, optimizer, batches[2:])
+        train(model, optimizer, batches[1:])
     assert_replicas_agree(hvd, model, f"{compression}.{memory}")
 
 
