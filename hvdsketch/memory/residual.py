@@ -45,7 +45,8 @@ class Memory:
         self.stores: dict[str, Store] = dict(stores or {})
         self.default = default
         self.spec = spec or str(default)
-        #: Seconds spent inside each store kind (take and put), e.g. the host copies of ``offload``.
+        #: Seconds spent inside each store kind (take and put), e.g. the host copies of ``offload``; on an
+        #: accelerator the host's time (launching the work; waiting for it would cost a sync per tensor).
         self.seconds: dict[str, float] = defaultdict(float)
         self._state: dict[str, State] = {}
         self._slot_store: dict[str, Store] = {}

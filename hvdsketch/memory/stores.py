@@ -260,7 +260,9 @@ class Offload(Fp32):
 
     Exact, and it costs no accelerator memory, but two copies over the host
     link per step (device to host after compression, back before the next);
-    the memory's ``seconds["offload"]`` reports the time they take. On a
+    the memory's ``seconds["offload"]`` reports the time they take. Both copies
+    are synchronous (from and to pageable host memory), so on a GPU each is a
+    host sync per tensor per step: the price of the memory it saves. On a
     CPU-only machine it works alike and saves nothing.
     """
 
