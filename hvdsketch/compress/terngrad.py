@@ -32,5 +32,5 @@ class TernGrad(StochasticQuantizer):
 
     seed: int = 0
 
-    def scales(self, ops: ModuleType, buckets: Any) -> Any:
-        return ops.reduce_max(abs(buckets), axis=1)
+    def scales(self, ops: ModuleType, magnitudes: Any) -> Any:
+        return ops.reduce_max(magnitudes, axis=1)

@@ -111,7 +111,7 @@ class Ops(Protocol):
         """``xs`` of one shape stacked along a new first dimension."""
 
     def pad(self, x: Tensor, n: int) -> Tensor:
-        """The vector ``x`` followed by ``n`` zeros."""
+        """The vector ``x`` followed by ``n`` zeros (``x`` itself, not a copy, when ``n`` is 0)."""
 
     def outer_add(self, a: Tensor, b: Tensor) -> Tensor:
         """Flattened ``a[:, None] + b[None, :]``."""

@@ -56,7 +56,7 @@ def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
 
 def pad(x: Tensor, n: int) -> Tensor:
     """``x`` (1-D) followed by ``n`` zeros."""
-    return np.concatenate([x, np.zeros(n, dtype=x.dtype)])
+    return x if n == 0 else np.concatenate([x, np.zeros(n, dtype=x.dtype)])
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:

@@ -76,7 +76,7 @@ def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
 
 
 def pad(x: Tensor, n: int) -> Tensor:
-    return tf.pad(x, [[0, n]])
+    return x if n == 0 else tf.pad(x, [[0, n]])
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:

@@ -71,7 +71,7 @@ def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
 
 
 def pad(x: Tensor, n: int) -> Tensor:
-    return torch.nn.functional.pad(x, (0, n))
+    return x if n == 0 else torch.nn.functional.pad(x, (0, n))
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
