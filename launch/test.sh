@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: set up what is missing, run the single-process tests, then
+# The test command: set up what is missing, run the single-process tests (tests/gpu skips without CUDA), then
 # every MPI suite with each rank running pytest under mpirun -np 2 and -np 4,
 # each job under a timeout so a hang fails. Ends with "N passed, N failed".
 set -uo pipefail
@@ -37,6 +37,7 @@ suite() {
 
 PYTEST=(python -m pytest -q --color=no -p no:cacheprovider -o addopts= --timeout=600)
 suite unit 1500 "$LOGS/unit.log" "${PYTEST[@]}" tests/unit
+suite gpu 900 "$LOGS/gpu.log" "${PYTEST[@]}" -rs tests/gpu  # skipped without CUDA
 for np in 2 3 4; do
   for s in plain torch tensorflow; do
     [ "$np" -eq 3 ] && [ "$s" != plain ] && continue  # odd rank counts: the MPI layer's own suite

@@ -10,7 +10,10 @@ from hvdsketch.ops import backend
 
 @dataclass(frozen=True)
 class NoCompression(Compressor):
-    """The dense tensor, averaged as it is (Horovod's ``Compression.none``)."""
+    """The dense tensor, averaged as it is (Horovod's ``Compression.none``).
+
+    Host syncs: none.
+    """
 
     name: ClassVar[str] = "none"
     drop_in: ClassVar[bool] = True
@@ -31,6 +34,8 @@ class HalfPrecision(Compressor):
     """The tensor cast to 16-bit floats for the wire and back (Horovod's ``Compression.fp16``).
 
     ``dtype=bfloat16`` keeps fp32's range at fp16's size.
+
+    Host syncs: none.
     """
 
     name: ClassVar[str] = "fp16"

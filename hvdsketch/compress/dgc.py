@@ -35,6 +35,8 @@ class DeepGradientCompression(Compressor):
     warm-up (sparsity raised over the first epochs) is a schedule of ``ratio``
     left to the caller.
 
+    Host syncs: one, how many coordinates reach the sampled threshold (a data-dependent size).
+
     Options (flag ``dgc:ratio=0.01,momentum=0.9``):
       ratio     fraction of coordinates sent, in (0, 1] (default 0.01; the paper uses 0.001)
       momentum  momentum m, in [0, 1) (default 0.9)

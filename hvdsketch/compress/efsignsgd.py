@@ -24,6 +24,8 @@ class EFSignSGD(Compressor):
     the tensor's dtype; both are allgathered and every rank averages all ranks'
     ``C(p)``: 32x smaller than float32.
 
+    Host syncs: none.
+
     Options (flag ``efsignsgd``): none.
     """
 

@@ -29,6 +29,8 @@ class PowerSGD(Compressor):
     Orthogonalization is a reduced QR. Tensors of rank < 2, and matrices where
     ``r (n + m) >= n m`` (nothing saved), are averaged dense in one round.
 
+    Host syncs: none (the QR runs on the tensor's device).
+
     Options (flag ``powersgd:rank=2``):
       rank    rank r of the approximation, >= 1 (default 1)
       seed    base seed of the initial Q (default 0)

@@ -21,6 +21,8 @@ class QSGD(StochasticQuantizer):
     both allgathered (see :mod:`hvdsketch.compress.quantize`). Rounding draws are seeded from
     ``seed``, the tensor's name and the step.
 
+    Host syncs: none.
+
     Options (flag ``qsgd:levels=127,bucket=512``):
       levels  quantization levels s per sign, 1..32767 (default 127: 8-bit codes)
       bucket  coordinates per norm; none for one norm per tensor (default 512)
@@ -39,5 +41,5 @@ class QSGD(StochasticQuantizer):
         if self.bucket is not None and self.bucket < 1:
             raise ValueError(f"bucket must be >= 1 or none, got {self.bucket}")
 
-    def scales(self, ops: ModuleType, buckets: Any) -> Any:
-        return ops.reduce_sum(buckets * buckets, axis=1) ** 0.5
+    def scales(self, ops: ModuleType, magnitudes: Any) -> Any:
+        return ops.reduce_sum(magnitudes * magnitudes, axis=1) ** 0.5

@@ -27,8 +27,9 @@ def code_dtype(levels: int) -> str:
 
 
 def average_scaled(ops: ModuleType, rows: Any, scales: Any, world_size: int) -> Any:
-    """Mean over ranks of ``rows * scales[:, None]``, whose rows are each rank's in turn, as one flat vector."""
-    return ops.reduce_sum(ops.reshape(rows * scales[:, None], (world_size, -1)), axis=0) / world_size
+    """Mean over ranks of ``rows * scales[:, None]``, whose rows are each rank's in turn, as one flat vector
+    (the ``1 / world_size`` goes into the scales: one pass over the tensor fewer)."""
+    return ops.reduce_sum(ops.reshape(rows * (scales / world_size)[:, None], (world_size, -1)), axis=0)
 
 
 class StochasticQuantizer(Compressor):
@@ -40,8 +41,8 @@ class StochasticQuantizer(Compressor):
     seed: int
 
     @abstractmethod
-    def scales(self, ops: ModuleType, buckets: Any) -> Any:
-        """One scale per row of ``buckets``, at least the row's largest magnitude."""
+    def scales(self, ops: ModuleType, magnitudes: Any) -> Any:
+        """One scale per row of ``magnitudes`` (the buckets' ``|v_i|``), at least the row's largest."""
 
     def bucket_size(self, n: int) -> int:
         return n if self.bucket is None else min(self.bucket, n)
@@ -52,9 +53,10 @@ class StochasticQuantizer(Compressor):
         n = math.prod(ctx.shape)
         size = self.bucket_size(n)
         buckets = ops.reshape(ops.pad(ops.flatten(tensor), -n % size), (-1, size))
-        scales = self.scales(ops, buckets)
+        magnitudes = abs(buckets)
+        scales = self.scales(ops, magnitudes)
         divisor = scales + ops.cast(scales == 0, dtype)  # 1 for all-zero buckets: their codes are 0
-        x = abs(buckets) * (self.levels / divisor)[:, None]
+        x = magnitudes * (self.levels / divisor)[:, None]
         low = ops.floor(x)
         # each rank rounds with its own draws: shared ones would correlate the ranks' rounding errors,
         # and their average would keep one rank's variance instead of 1/N of it

@@ -34,6 +34,8 @@ class RandomK(Compressor):
     Inside ``tf.function`` name, step and counter are read when it is traced,
     so ``S`` stays the same until it is traced again.
 
+    Host syncs: none (the keys are drawn on the tensor's device).
+
     Options (flag ``randomk:ratio=0.01``):
       ratio   fraction of coordinates sent, in (0, 1] (default 0.01)
       scale   multiply by n/k so the estimate is unbiased (default true)

@@ -8,7 +8,7 @@ every rank's pairs in rank order, counts may differ by rank, and a sum of
 sparse vectors is the scatter-add of all their pairs, so the average over
 ``N`` ranks is::
 
-    g_avg = scatter_add(indices, values) / N
+    g_avg = scatter_add(indices, values / N)
 
 where a coordinate chosen by several ranks adds up their values.
 """
@@ -41,6 +41,5 @@ def messages(ops: ModuleType, indices: Any, values: Any) -> list[Message]:
 def average(reduced: Sequence[Any], ctx: TensorContext) -> Any:
     """The dense average over ``ctx.world_size`` ranks of allgathered ``(indices, values)``."""
     indices, values = reduced
-    ops = backend(values)
-    total = ops.scatter_add(math.prod(ctx.shape), indices, values)
-    return ops.reshape(total / ctx.world_size, ctx.shape)
+    ops = backend(values)  # dividing the pairs, not the dense sum: one pass over the tensor fewer
+    return ops.reshape(ops.scatter_add(math.prod(ctx.shape), indices, values / ctx.world_size), ctx.shape)

@@ -26,10 +26,11 @@ class RowSparse:
     dense_shape: tuple[int, ...]
 
     def to_dense(self) -> Any:
-        """The dense tensor (rows given twice are summed)."""
+        """The dense tensor (rows given twice are summed), on the values' device; no host sync."""
         ops = backend(self.values)
         row_len = math.prod(self.dense_shape[1:])
-        coords = ops.outer_add(ops.cast(self.indices, "int64") * row_len, ops.arange(row_len))
+        indices = ops.cast(self.indices, "int64")
+        coords = ops.outer_add(indices * row_len, ops.arange(row_len, indices))
         dense = ops.scatter_add(math.prod(self.dense_shape), coords, ops.flatten(self.values))
         return ops.reshape(dense, self.dense_shape)
 
@@ -50,8 +51,9 @@ class Layout:
         return cls(numel, -(-numel // block), block)
 
     def coordinates(self, ops: ModuleType, units: Any) -> Any:
-        """Flat indices of every element of the given units (int64)."""
-        coords = ops.outer_add(units * self.unit_len, ops.arange(self.unit_len))
+        """Flat indices of every element of the given int64 ``units``, on their device (a host sync
+        only where the last unit is partial: how many of its coordinates exist depends on the units)."""
+        coords = ops.outer_add(units * self.unit_len, ops.arange(self.unit_len, units))
         if self.units * self.unit_len == self.numel:
             return coords
         return ops.where_less(coords, self.numel)

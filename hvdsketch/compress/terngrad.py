@@ -20,6 +20,8 @@ class TernGrad(StochasticQuantizer):
     scaler sharing (a max over ranks first) would cost an extra round. Rounding draws
     are seeded from ``seed``, the tensor's name and the step.
 
+    Host syncs: none.
+
     Options (flag ``terngrad``):
       seed    base seed of the rounding draws (default 0)
     """
@@ -30,5 +32,5 @@ class TernGrad(StochasticQuantizer):
 
     seed: int = 0
 
-    def scales(self, ops: ModuleType, buckets: Any) -> Any:
-        return ops.reduce_max(abs(buckets), axis=1)
+    def scales(self, ops: ModuleType, magnitudes: Any) -> Any:
+        return ops.reduce_max(magnitudes, axis=1)

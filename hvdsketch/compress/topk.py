@@ -24,6 +24,9 @@ class TopK(Compressor):
     other coordinates are zeros, which top-k never needs (when ``k`` exceeds its
     non-zeros, all of them are sent).
 
+    Host syncs: none for a dense gradient (``k`` is fixed); one for a row-sparse one (how many
+    distinct rows it has, when they are coalesced).
+
     Options (flag ``topk:ratio=0.01``):
       ratio   fraction of coordinates kept, in (0, 1] (default 0.01)
     """
@@ -44,7 +47,7 @@ class TopK(Compressor):
             ops = backend(tensor.values)
             rows, values = ops.coalesce_rows(tensor.indices, tensor.values)
             row_len = math.prod(ctx.shape[1:])
-            coords, flat = ops.outer_add(rows * row_len, ops.arange(row_len)), ops.flatten(values)
+            coords, flat = ops.outer_add(rows * row_len, ops.arange(row_len, rows)), ops.flatten(values)
             if k >= ops.shape(flat)[0]:
                 return sparse.messages(ops, coords, flat), None
             chosen = ops.topk_abs(flat, k)

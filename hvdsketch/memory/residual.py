@@ -46,7 +46,8 @@ class Memory:
         self.stores: dict[str, Store] = dict(stores or {})
         self.default = default
         self.spec = spec or str(default)
-        #: Seconds spent inside each store kind (take and put), e.g. the host copies of ``offload``.
+        #: Seconds spent inside each store kind (take and put), e.g. the host copies of ``offload``; on an
+        #: accelerator the host's time (launching the work; waiting for it would cost a sync per tensor).
         self.seconds: dict[str, float] = defaultdict(float)
         self._state: dict[str, State] = {}
         self._slot_store: dict[str, Store] = {}
@@ -127,7 +128,7 @@ class Memory:
     def _bytes(self, host: bool) -> int:
         return sum(backend(value).nbytes(value)
                    for slot, state in self._state.items() if self._slot_store[slot].host == host
-                   for key, value in state.items() if key not in self._slot_store[slot].meta)
+                   for key, value in state.items() if key not in self._slot_store[slot].scalars)
 
     def state_dict(self) -> dict[str, Any]:
         """The memory as nested dicts of numpy arrays (see the module docstring)."""

@@ -6,7 +6,9 @@ exactly costs as much memory as the model (Zhao et al., IEEE Access 9, 2021);
 ConEF (Li et al., 2023) keeps a compressed ``Q(e)`` instead and loses little.
 A store is one such ``Q``: a frozen dataclass whose fields are the options of
 its flag (``topk:ratio=0.1``), holding a residual as a *state*, a dict of
-back-end tensors (plus a few Python scalars named in :attr:`Store.meta`).
+back-end tensors on the residual's device (0-d ones for bookkeeping, such as a
+scale, named in :attr:`Store.scalars`). Nothing a store does per step reads a
+device value on the host: scales and choices are computed on the device.
 
 Each step a :class:`~hvdsketch.memory.residual.Memory` calls a store twice::
 
@@ -35,6 +37,7 @@ offload    nothing; fp32 in host memory, two copies per step            0 on dev
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -71,8 +74,8 @@ class Store(ABC):
     keeps: ClassVar[bool] = True
     #: True when the state lives in host memory rather than on the tensor's device.
     host: ClassVar[bool] = False
-    #: State keys holding Python scalars rather than tensors.
-    meta: ClassVar[tuple[str, ...]] = ()
+    #: State keys holding 0-d bookkeeping tensors (not counted as residual bytes).
+    scalars: ClassVar[tuple[str, ...]] = ()
 
     def slot(self, name: str, shape: tuple[int, ...]) -> str:
         """The key the state is kept under; tensors with equal slots share one state."""
@@ -92,8 +95,6 @@ class Store(ABC):
 
     def export(self, key: str, value: Any) -> np.ndarray:
         """One state entry as a plain numpy array (bfloat16, which numpy lacks, as float32)."""
-        if key in self.meta:
-            return np.asarray(value)
         ops = backend(value)
         if ops.dtype_name(value) == "bfloat16":
             value = ops.cast(value, "float32")
@@ -101,8 +102,6 @@ class Store(ABC):
 
     def restore(self, ops: ModuleType, key: str, array: np.ndarray, like: Any) -> Any:
         """Inverse of :meth:`export`, on ``like``'s back-end and device."""
-        if key in self.meta:
-            return array.item()
         return ops.from_numpy(array, like)
 
     def __str__(self) -> str:
@@ -153,28 +152,28 @@ class Fp16(Store):
 
         |err_i| <= u |e_i| + 2^-25 s <= 2^-11 |e_i| + 2^-39 ||e||
 
-    (for ``2^-85 <= ||e|| <= 2^115``, where the exponent is not clamped).
+    (for ``2^-85 <= ||e|| <= 2^115``, where the exponent is not clamped). The scale is a 0-d
+    float32 tensor computed on the residual's device (a zero or non-finite norm: scale 1).
     """
 
     name: ClassVar[str] = "fp16"
     dtype: ClassVar[str] = "float16"
-    meta: ClassVar[tuple[str, ...]] = ("scale",)
+    scalars: ClassVar[tuple[str, ...]] = ("scale",)
 
     def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
         return ops.cast(ops.cast(state["e"], "float32") * state["scale"], ops.dtype_name(like)), None
 
     def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
-        norm = math.sqrt(ops.sqnorm(residual))
-        exponent = math.ceil(math.log2(norm)) - 15 if 0 < norm < math.inf else 0
-        scale = 2.0 ** min(max(exponent, -100), 100)  # 1/scale stays a finite float32
+        log_norm = ops.log2(ops.sqnorm(residual) ** 0.5)
+        exponent = ops.clip(-ops.floor(-log_norm) - 15, -100, 100)  # 1/scale stays a finite float32
+        scale = ops.cast(2.0 ** ops.where(ops.all_finite_flag(log_norm), exponent, 0.0), "float32")
         return {"e": ops.cast(ops.cast(residual, "float32") * (1.0 / scale), self.dtype), "scale": scale}
 
     def nbytes(self, shape: Sequence[int]) -> int:
         return ITEMSIZE[self.dtype] * numel(shape)
 
     def restore(self, ops: ModuleType, key: str, array: np.ndarray, like: Any) -> Any:
-        value = super().restore(ops, key, array, like)
-        return value if key in self.meta else ops.cast(value, self.dtype)
+        return ops.cast(super().restore(ops, key, array, like), "float32" if key in self.scalars else self.dtype)
 
 
 @dataclass(frozen=True)
@@ -220,30 +219,39 @@ class TopK(Store):
 class Shared(Fp32):
     """Tensors of one shape share one float32 buffer; the largest residual keeps it.
 
-    The buffer remembers whose residual it holds (``owner``) and its energy
-    ``||e||^2``. Only the owner takes it back (and so empties it); a new
-    residual replaces what the buffer holds when the buffer is empty or the
-    new one carries at least as much energy. A residual is never added to
-    another tensor's gradient; in one step where every member writes into an
-    emptied buffer, the group loses ``sum ||e_i||^2 - max ||e_i||^2``.
+    The buffer remembers whose residual it holds (``owner``, a 62-bit digest of
+    the tensor's name) and its energy ``||e||^2``. Only the owner takes it back
+    (and so empties it: its energy becomes -1); a new residual replaces what the
+    buffer holds when the buffer is empty or the new one carries at least as
+    much energy. A residual is never added to another tensor's gradient (a
+    member that does not own the buffer gets zeros); in one step where every
+    member writes into an emptied buffer, the group loses
+    ``sum ||e_i||^2 - max ||e_i||^2``. Both choices are made on the device.
     """
 
     name: ClassVar[str] = "shared"
-    meta: ClassVar[tuple[str, ...]] = ("owner", "energy")
+    scalars: ClassVar[tuple[str, ...]] = ("owner", "energy")
 
     def slot(self, name: str, shape: tuple[int, ...]) -> str:
         return f"shared{tuple(shape)}"
 
-    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any | None, State | None]:
-        if state["owner"] != name:
-            return None, state
-        return super().take(ops, state, name, like)
+    @staticmethod
+    def owner(name: str) -> int:
+        """The id the buffer holds for tensor ``name`` (equal on every rank and across runs)."""
+        return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") >> 2
+
+    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, State]:
+        mine = state["owner"] == self.owner(name)
+        residual = ops.cast(ops.where(mine, state["e"], 0.0), ops.dtype_name(like))
+        return residual, {**state, "energy": ops.where(mine, -1.0, state["energy"])}
 
     def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
-        energy = ops.sqnorm(residual)
-        if held is not None and energy < held["energy"]:
-            return held
-        return {**super().put(ops, None, residual, name), "owner": name, "energy": energy}
+        energy, e = ops.sqnorm(residual), ops.cast(residual, "float32")
+        if held is None:
+            return {"e": e, "owner": ops.zeros((), "int64", residual) + self.owner(name), "energy": energy}
+        replace = ~(energy < held["energy"])
+        return {"e": ops.where(replace, e, held["e"]), "owner": ops.where(replace, self.owner(name), held["owner"]),
+                "energy": ops.where(replace, energy, held["energy"])}
 
 
 @dataclass(frozen=True)
@@ -252,7 +260,9 @@ class Offload(Fp32):
 
     Exact, and it costs no accelerator memory, but two copies over the host
     link per step (device to host after compression, back before the next);
-    the memory's ``seconds["offload"]`` reports the time they take. On a
+    the memory's ``seconds["offload"]`` reports the time they take. Both copies
+    are synchronous (from and to pageable host memory), so on a GPU each is a
+    host sync per tensor per step: the price of the memory it saves. On a
     CPU-only machine it works alike and saves nothing.
     """
 

@@ -22,6 +22,9 @@ unbiased estimate of the squared norm), so the statistics stay small. The
 ``shared`` store's loss depends on the other tensors of its shape; the
 planner derives it from the per-step samples and energies: one step of a
 shared buffer keeps the group's largest residual and loses the others.
+
+Host syncs: during the warm-up steps only, a few per tensor and step (the
+energy and the samples come to the host); none once the plan is made.
 """
 from __future__ import annotations
 
@@ -119,14 +122,16 @@ class Warmup:
         def sampled(x: Any) -> np.ndarray:
             return ops.to_numpy(ops.cast(ops.gather(ops.flatten(x), index), "float64"))
 
-        stats.energies.append(ops.sqnorm(residual))
+        stats.energies.append(float(ops.to_numpy(ops.sqnorm(residual))))
         stats.samples.append(sampled(residual).astype(np.float32))
         for store in self.candidates:
             if not store.keeps:
                 continue
             key = str(store)
+            ops.synchronize(residual)  # on an accelerator, time the store's work, not what was queued before
             start = time.perf_counter()
             back = store.take(ops, store.put(ops, None, residual, name), name, residual)[0]
+            ops.synchronize(residual if back is None else back)
             stats.seconds[key] = stats.seconds.get(key, 0.0) + time.perf_counter() - start
             lost = sampled(residual if back is None else residual - back)
             stats.lost[key] = stats.lost[key] + lost if key in stats.lost else lost

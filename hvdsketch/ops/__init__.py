@@ -1,10 +1,12 @@
 """Tiny array back-ends, so each algorithm is written once.
 
-Every back-end module (`numpy`, `torch`, `tensorflow`) exposes the same
-functions with the same meaning; algorithms call them through the module
-that :func:`backend` returns for their input tensor and never import a
-framework themselves. Integer arithmetic is int64 throughout, so hashes
-agree bit for bit across back-ends.
+Every back-end module (`numpy`, `torch`, `tensorflow`) implements the same
+protocol, :class:`hvdsketch.ops.contract.Ops` (which documents each function);
+algorithms call them through the module that :func:`backend` returns for their
+input tensor and never import a framework themselves. Creating functions take
+the tensor they are like, so what they make lives on the gradient's device.
+Integer arithmetic is int64 throughout, so hashes agree bit for bit across
+back-ends.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""NumPy back-end of :mod:`hvdsketch.ops` (reference and MPI layer)."""
+"""NumPy back-end of :mod:`hvdsketch.ops` (reference and MPI layer; the contract:
+:class:`hvdsketch.ops.contract.Ops`). Everything lives in host memory, so ``like`` only types."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -33,11 +34,11 @@ def flatten(x: Tensor) -> Tensor:
     return np.reshape(x, (-1,))
 
 
-def zeros(n: int | Sequence[int], dtype: str, like: Tensor | None = None) -> Tensor:
+def zeros(n: int | Sequence[int], dtype: str, like: Tensor) -> Tensor:
     return np.zeros(n, dtype=dtype)
 
 
-def arange(n: int) -> Tensor:
+def arange(n: int, like: Tensor) -> Tensor:
     return np.arange(n, dtype=np.int64)
 
 
@@ -55,7 +56,7 @@ def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
 
 def pad(x: Tensor, n: int) -> Tensor:
     """``x`` (1-D) followed by ``n`` zeros."""
-    return np.concatenate([x, np.zeros(n, dtype=x.dtype)])
+    return x if n == 0 else np.concatenate([x, np.zeros(n, dtype=x.dtype)])
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
@@ -129,11 +130,6 @@ def check_finite(x: Tensor, message: str) -> Tensor:
     return x
 
 
-
-def check_close(a: Tensor, b: Tensor, rtol: float, message: str) -> None:
-    if not np.all(np.abs(a - b) <= rtol * np.abs(b)):
-        raise ValueError(message)
-
 def check_all_equal(x: Tensor, message: str, error: type[Exception] = ValueError) -> None:
     if not np.all(x == x[0]):
         raise error(message)
@@ -171,9 +167,9 @@ except ImportError:  # pragma: no cover - ml_dtypes ships with TensorFlow
     pass
 
 
-def sqnorm(x: Tensor) -> float:
-    """Sum of squares of ``x``, accumulated in float64."""
-    return float(np.sum(np.square(x, dtype=np.float64)))
+def sqnorm(x: Tensor) -> Tensor:
+    """Sum of squares of ``x``, accumulated in float64 (0-d)."""
+    return np.asarray(np.sum(np.square(x, dtype=np.float64)))
 
 
 def topk_abs(x: Tensor, k: int) -> Tensor:
@@ -196,6 +192,10 @@ def to_host(x: Tensor) -> Tensor:
 def to_device(x: Tensor, like: Tensor) -> Tensor:
     """``x`` (host) on ``like``'s device."""
     return x
+
+
+def synchronize(x: Tensor) -> None:
+    """NumPy computes eagerly: nothing to wait for."""
 
 
 def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
@@ -239,6 +239,15 @@ def sign(x: Tensor) -> Tensor:
 
 def floor(x: Tensor) -> Tensor:
     return np.floor(x)
+
+
+def log2(x: Tensor) -> Tensor:
+    with np.errstate(divide="ignore", invalid="ignore"):  # -inf at 0, NaN below, as torch and TF
+        return np.log2(x)
+
+
+def where(condition: Tensor, x: Tensor | float, y: Tensor | float) -> Tensor:
+    return np.where(condition, x, y)
 
 
 def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tensor:

@@ -1,7 +1,15 @@
-"""TensorFlow back-end of :mod:`hvdsketch.ops`; every function also works inside ``tf.function``."""
+"""TensorFlow back-end of :mod:`hvdsketch.ops` (the contract: :class:`hvdsketch.ops.contract.Ops`);
+every function also works inside ``tf.function``.
+
+Eager TensorFlow runs an op on its default device whatever device its inputs
+are on, so the creating functions place what they make on ``like``'s device
+explicitly (inside a graph, where tensors carry no device yet, the enclosing
+placement holds).
+"""
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import ContextManager, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -37,16 +45,26 @@ def flatten(x: Tensor) -> Tensor:
     return tf.reshape(x, [-1])
 
 
-def zeros(n: int | Sequence[int], dtype: str, like: Tensor | None = None) -> Tensor:
-    return tf.zeros(n, dtype=dtype)
+def _on(like: Tensor | None) -> ContextManager:
+    """Placement on ``like``'s device, when it has one (eager tensors do, traced ones not yet)."""
+    device = getattr(like, "device", "")
+    return tf.device(device) if device else contextlib.nullcontext()
 
 
-def arange(n: int) -> Tensor:
-    return tf.range(n, dtype=tf.int64)
+def zeros(n: int | Sequence[int], dtype: str, like: Tensor) -> Tensor:
+    with _on(like):
+        return tf.zeros(n, dtype=dtype)
+
+
+def arange(n: int, like: Tensor) -> Tensor:
+    with _on(like):
+        return tf.range(n, dtype=tf.int64)
 
 
 def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) -> Tensor:
-    return tf.constant(list(values), dtype=dtype)
+    # like=None only while memory/sketch.py still calls it so; the contract has no default
+    with _on(like):
+        return tf.constant(list(values), dtype=dtype)
 
 
 def concat(xs: Sequence[Tensor]) -> Tensor:
@@ -58,7 +76,7 @@ def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
 
 
 def pad(x: Tensor, n: int) -> Tensor:
-    return tf.pad(x, [[0, n]])
+    return x if n == 0 else tf.pad(x, [[0, n]])
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
@@ -70,7 +88,8 @@ def positive(x: Tensor) -> Tensor:
 
 
 def indicator(n: int, idx: Tensor, dtype: str) -> Tensor:
-    return tf.scatter_nd(idx[:, None], tf.ones_like(idx, dtype=dtype), [n])
+    with _on(idx):
+        return tf.scatter_nd(idx[:, None], tf.ones_like(idx, dtype=dtype), [n])
 
 
 def gather(x: Tensor, idx: Tensor) -> Tensor:
@@ -78,11 +97,13 @@ def gather(x: Tensor, idx: Tensor) -> Tensor:
 
 
 def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
-    return tf.scatter_nd(idx[:, None], values, [n])
+    with _on(values):
+        return tf.scatter_nd(idx[:, None], values, [n])
 
 
 def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
-    return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype), idx[:, None], values)
+    with _on(values):
+        return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype), idx[:, None], values)
 
 
 def stack(xs: Sequence[Tensor]) -> Tensor:
@@ -124,10 +145,6 @@ def check_finite(x: Tensor, message: str) -> Tensor:
     return tf.debugging.assert_all_finite(x, message)
 
 
-
-def check_close(a: Tensor, b: Tensor, rtol: float, message: str) -> None:
-    tf.debugging.assert_less_equal(tf.abs(a - b), rtol * tf.abs(b), message=message)
-
 def check_all_equal(x: Tensor, message: str, error: type[Exception] = ValueError) -> None:
     """Eagerly raises ``error``; inside ``tf.function`` an assertion that fails at run time."""
     if tf.executing_eagerly():
@@ -162,9 +179,9 @@ def bitwise_or_rows(x2d: Tensor) -> Tensor:
 
 # -- residual memory (hvdsketch.memory) ------------------------------------
 
-def sqnorm(x: Tensor) -> float:
-    """Sum of squares of ``x``, accumulated in float64."""
-    return float(tf.reduce_sum(tf.square(tf.cast(x, tf.float64))))
+def sqnorm(x: Tensor) -> Tensor:
+    """Sum of squares of ``x``, accumulated in float64 (0-d)."""
+    return tf.reduce_sum(tf.square(tf.cast(x, tf.float64)))
 
 
 def topk_abs(x: Tensor, k: int) -> Tensor:
@@ -187,13 +204,19 @@ def to_host(x: Tensor) -> Tensor:
 
 def to_device(x: Tensor, like: Tensor) -> Tensor:
     """``x`` (host) on ``like``'s device."""
-    with tf.device(like.device or None):
+    with _on(like):
         return tf.identity(x)
+
+
+def synchronize(x: Tensor) -> None:
+    """Block until ``x`` is computed (eager ops may run asynchronously on a GPU)."""
+    if not is_symbolic(x):
+        tf.reshape(x, [-1])[:1].numpy()
 
 
 def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
     """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
-    with tf.device(like.device or None):
+    with _on(like):
         return tf.constant(a)
 
 
@@ -203,8 +226,9 @@ def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
     """Uniform numbers in [0, 1) of ``like``'s floating dtype, a pure function of ``seed``
     (``tf.random.stateless_uniform``, so the same inside ``tf.function``)."""
     shape = [shape] if isinstance(shape, int) else list(shape)
-    return tf.random.stateless_uniform(shape, seed=tf.constant([seed >> 32, seed & 0xFFFFFFFF], tf.int64),
-                                       dtype=like.dtype)
+    with _on(like):
+        return tf.random.stateless_uniform(shape, seed=tf.constant([seed >> 32, seed & 0xFFFFFFFF], tf.int64),
+                                           dtype=like.dtype)
 
 
 def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
@@ -240,6 +264,18 @@ def sign(x: Tensor) -> Tensor:
 
 def floor(x: Tensor) -> Tensor:
     return tf.floor(x)
+
+
+def log2(x: Tensor) -> Tensor:
+    """Exact at powers of two, as torch's and numpy's (``ln x / ln 2`` alone may miss by an ulp)."""
+    approx = tf.math.log(x) / tf.math.log(tf.constant(2.0, x.dtype))
+    nearest = tf.round(approx)
+    return tf.where(tf.pow(tf.constant(2.0, x.dtype), nearest) == x, nearest, approx)
+
+
+def where(condition: Tensor, x: Tensor | float, y: Tensor | float) -> Tensor:
+    dtype = (x if isinstance(x, (tf.Tensor, tf.Variable)) else y).dtype
+    return tf.where(condition, tf.cast(x, dtype), tf.cast(y, dtype))
 
 
 def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tensor:

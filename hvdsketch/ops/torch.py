@@ -1,4 +1,9 @@
-"""PyTorch back-end of :mod:`hvdsketch.ops`."""
+"""PyTorch back-end of :mod:`hvdsketch.ops` (the contract: :class:`hvdsketch.ops.contract.Ops`).
+
+On CUDA, copying pageable host memory to the device makes the host wait for
+all queued device work; small host numbers (:func:`constant`) therefore go
+through pinned memory, asynchronously.
+"""
 from __future__ import annotations
 
 from typing import Sequence
@@ -38,16 +43,23 @@ def flatten(x: Tensor) -> Tensor:
     return x.reshape(-1)
 
 
-def zeros(n: int | Sequence[int], dtype: str, like: Tensor | None = None) -> Tensor:
-    return torch.zeros(n, dtype=_DTYPES[dtype], device=None if like is None else like.device)
+def zeros(n: int | Sequence[int], dtype: str, like: Tensor) -> Tensor:
+    return torch.zeros(n, dtype=_DTYPES[dtype], device=like.device)
 
 
-def arange(n: int) -> Tensor:
-    return torch.arange(n, dtype=torch.int64)
+def arange(n: int, like: Tensor) -> Tensor:
+    return torch.arange(n, dtype=torch.int64, device=like.device)
 
 
 def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) -> Tensor:
-    return torch.tensor(list(values), dtype=_DTYPES[dtype], device=None if like is None else like.device)
+    if like is None:  # torch's default device: only while memory/sketch.py calls it so (the contract has no default)
+        return torch.tensor(list(values), dtype=_DTYPES[dtype])
+    host = torch.tensor(list(values), dtype=_DTYPES[dtype], device="cpu")
+    if like.device.type == "cpu":
+        return host
+    if like.device.type == "cuda":  # pinned: the copy is queued, the host does not wait for the device
+        return host.pin_memory().to(like.device, non_blocking=True)
+    return host.to(like.device)
 
 
 def concat(xs: Sequence[Tensor]) -> Tensor:
@@ -59,7 +71,7 @@ def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
 
 
 def pad(x: Tensor, n: int) -> Tensor:
-    return torch.nn.functional.pad(x, (0, n))
+    return x if n == 0 else torch.nn.functional.pad(x, (0, n))
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
@@ -128,11 +140,6 @@ def check_finite(x: Tensor, message: str) -> Tensor:
     return x
 
 
-
-def check_close(a: Tensor, b: Tensor, rtol: float, message: str) -> None:
-    if not bool(((a - b).abs() <= rtol * b.abs()).all()):
-        raise ValueError(message)
-
 def check_all_equal(x: Tensor, message: str, error: type[Exception] = ValueError) -> None:
     if not bool((x == x[0]).all()):
         raise error(message)
@@ -163,9 +170,9 @@ def bitwise_or_rows(x2d: Tensor) -> Tensor:
 
 # -- residual memory (hvdsketch.memory) ------------------------------------
 
-def sqnorm(x: Tensor) -> float:
-    """Sum of squares of ``x``, accumulated in float64."""
-    return float(torch.sum(torch.square(x.detach().to(torch.float64))))
+def sqnorm(x: Tensor) -> Tensor:
+    """Sum of squares of ``x``, accumulated in float64: a 0-d tensor on ``x``'s device."""
+    return torch.sum(torch.square(x.detach().to(torch.float64)))
 
 
 def topk_abs(x: Tensor, k: int) -> Tensor:
@@ -186,6 +193,12 @@ def to_host(x: Tensor) -> Tensor:
 def to_device(x: Tensor, like: Tensor) -> Tensor:
     """``x`` (host) on ``like``'s device."""
     return x.to(like.device)
+
+
+def synchronize(x: Tensor) -> None:
+    """Block until ``x`` and the device work queued before it are done."""
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)
 
 
 def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
@@ -233,6 +246,14 @@ def floor(x: Tensor) -> Tensor:
     return torch.floor(x)
 
 
+def log2(x: Tensor) -> Tensor:
+    return torch.log2(x)
+
+
+def where(condition: Tensor, x: Tensor | float, y: Tensor | float) -> Tensor:
+    return torch.where(condition, x, y)
+
+
 def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tensor:
     """``x`` limited to ``[low, high]`` element-wise (``None``: unbounded on that side)."""
     return torch.clamp(x, low, high)
@@ -252,19 +273,21 @@ def orthonormalize(x2d: Tensor) -> Tensor:
     return torch.linalg.qr(x2d, mode="reduced").Q
 
 
-_BIT_SHIFTS = torch.arange(7, -1, -1, dtype=torch.uint8)
+def _bit_shifts(like: Tensor) -> Tensor:
+    """``7, 6, ..., 0`` as uint8, made on ``like``'s device (no copy from the host)."""
+    return torch.arange(7, -1, -1, dtype=torch.uint8, device=like.device)
 
 
 def pack_bits(mask: Tensor) -> Tensor:
     """The truth values of the 1-D ``mask`` as uint8, 8 per byte, first in the highest bit,
     the last byte padded with zeros."""
     bits = pad(mask.to(torch.uint8), -mask.shape[0] % 8).reshape(-1, 8)
-    return (bits << _BIT_SHIFTS.to(mask.device)).sum(dim=1, dtype=torch.uint8)
+    return (bits << _bit_shifts(mask)).sum(dim=1, dtype=torch.uint8)
 
 
 def unpack_bits(bits: Tensor) -> Tensor:
     """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""
-    return ((bits[:, None] >> _BIT_SHIFTS.to(bits.device)) & 1).reshape(-1)
+    return ((bits[:, None] >> _bit_shifts(bits)) & 1).reshape(-1)
 
 
 def is_symbolic(x: Tensor) -> bool:

@@ -42,7 +42,10 @@ and on a fast link compressing may cost more time than it saves. So:
 
 The statistics and decisions travel on a side channel of the communicator
 (their bytes are not counted as gradient bytes), and the decision is part
-of :meth:`AutoPolicy.state_dict`.
+of :meth:`AutoPolicy.state_dict`. Every tensor the policy makes (probe, statistics,
+costs) is made on the gradients' device; the host syncs it needs (densities,
+timings, gathered numbers) happen in the observed steps only, never once it has
+decided, unless ``replan`` observes again.
 """
 from __future__ import annotations
 

@@ -104,14 +104,18 @@ def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: in
     rank alone), the best of ``repeats`` timings (the first also pays one-off costs such as
     allocations), and count the bytes its messages would put on the wire over ``ctx.world_size``
     ranks. A fresh instance of the compressor runs, so its per-tensor state (PowerSGD's Q and
-    residual) is left untouched."""
+    residual) is left untouched. Timing waits for the device (host syncs: it runs at the deciding
+    step only)."""
     from hvdsketch.exchange import run_local
 
+    ops = backend(values_of(tensor))
     best, rounds = math.inf, []
     for _ in range(repeats):
         fresh = create(str(compressor))
+        ops.synchronize(values_of(tensor))  # device work queued before is not the codec's
         start = time.perf_counter()
-        _, rounds = run_local(fresh, tensor if fresh.row_sparse else densified(tensor), ctx)
+        result, rounds = run_local(fresh, tensor if fresh.row_sparse else densified(tensor), ctx)
+        ops.synchronize(values_of(result))  # on an accelerator the kernels have only been queued
         best = min(best, time.perf_counter() - start)
     size = ctx.world_size
     wire = sum(wire_bytes(m.op, backend(m.tensor).nbytes(m.tensor), size) for r in rounds for m in r)

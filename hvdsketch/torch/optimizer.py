@@ -82,7 +82,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = p.grad
         if grad is None:  # no gradient on this rank this step: take part with zeros, as Horovod does
             grad = (torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64, device=p.device),
-                                            p.new_zeros((0, *p.shape[1:])), tuple(p.shape))
+                                            p.new_zeros((0, *p.shape[1:])), tuple(p.shape), device=p.device)
                     if p in self._sparse else torch.zeros_like(p))
         elif grad.is_sparse:
             self._sparse.add(p)
@@ -197,7 +197,8 @@ def _as_hvdsketch(grad: torch.Tensor) -> Any:
 
 def _as_torch(averaged: Any) -> torch.Tensor:
     if isinstance(averaged, RowSparse):
-        return torch.sparse_coo_tensor(averaged.indices[None, :], averaged.values, averaged.dense_shape)
+        return torch.sparse_coo_tensor(averaged.indices[None, :], averaged.values, averaged.dense_shape,
+                                       device=averaged.values.device)
     return averaged
 
 

@@ -414,8 +414,16 @@ def test_bench_compressors_prints_a_table_and_writes_json(tmp_path, capsys):
     assert rows["topk"]["relative_error"] == 0  # one non-zero row of 20 = the 1% that top-k keeps
     assert rows["efsignsgd"]["ratio"] == pytest.approx(2000 * 4 / (2000 / 8 + 4))
     assert rows["powersgd"]["collectives"] == "average | average"
-    assert all(row["compress_ms"] > 0 for row in rows.values())
-    assert "decompress ms" in capsys.readouterr().out
+    assert all(row["compress_ms"] > 0 and row["memcpy_ratio"] > 0 for row in rows.values())
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and report["memcpy_ms"] > 0
+    printed = capsys.readouterr().out
+    assert "decompress ms" in printed and "x memcpy" in printed and "one copy of the gradient (memcpy)" in printed
+
+
+def test_bench_compressors_runs_on_a_device_with_torch_only():
+    with pytest.raises(ValueError, match="--device cuda runs PyTorch"):
+        main(["bench", "compressors", "--numel", "100", "--width", "10", "--framework", "numpy", "--device", "cuda"])
 
 
 def test_bench_compressors_rejects_a_shape_it_cannot_make():

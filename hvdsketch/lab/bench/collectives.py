@@ -166,10 +166,14 @@ def _horovod_runner(name: str, comm: Any) -> Callable[[Workload], np.ndarray]:
     land in ``comm.stats``). Imports the framework here, and only here."""
     from hvdsketch.collectives.horovod import HorovodCommunicator
     from hvdsketch.compress.base import Message
+    from hvdsketch.lab.bench.compressors import FRAMEWORKS
 
     hvd = importlib.import_module(name)
     hvd.init()
-    ops = importlib.import_module(f"hvdsketch.ops.{name.split('.')[1]}")
+    framework = name.split(".")[1]
+    ops = importlib.import_module(f"hvdsketch.ops.{framework}")
+    module, convert = FRAMEWORKS[framework]
+    to_tensor = getattr(importlib.import_module(module), convert)
     horovod = HorovodCommunicator(hvd)
     horovod.stats = comm.stats
     converted: dict[int, tuple[np.ndarray, Any]] = {}
@@ -177,7 +181,7 @@ def _horovod_runner(name: str, comm: Any) -> Callable[[Workload], np.ndarray]:
     def run(w: Workload) -> np.ndarray:
         if id(w.dense) not in converted:
             converted.clear()
-            converted[id(w.dense)] = (w.dense, ops.from_numpy(w.dense, ops.zeros(1, str(w.dense.dtype))))
+            converted[id(w.dense)] = (w.dense, to_tensor(w.dense))
         (out,) = horovod.reduce([Message(converted[id(w.dense)][1])])
         return ops.to_numpy(out) * comm.size
 

@@ -10,10 +10,15 @@ identity, in the chosen framework's back-end:
   ratio        dense bytes / bytes the rank puts into its collectives, all rounds together
   compress     time until the first round's messages are ready, and dense GB/s through it
   decompress   time from the first reduction to the result (PowerSGD's second round included)
+  x memcpy     (compress + decompress) / the time of one copy of the gradient on its device
   error        ||result - g|| / ||g||: what one rank's compression loses, before averaging
 
-Times are the median of ``--repeats`` runs after ``--warmup`` runs. The table
-goes to stdout, the same rows as JSON to ``--json`` (``-`` for stdout).
+The copy (``clone`` of the same tensor) is what any codec pays at least to read
+the gradient once and write something of its size; a codec many times slower
+spends its time elsewhere. Times are the median of ``--repeats`` runs after
+``--warmup`` runs, each waiting for the device (``--device cuda`` runs PyTorch
+on the GPU). The table goes to stdout, the same rows as JSON to ``--json``
+(``-`` for stdout).
 """
 from __future__ import annotations
 
@@ -56,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a compression flag, repeatable (default: every registered compressor)")
     parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch",
                         help="array back-end to run in (default torch)")
+    parser.add_argument("--device", default="cpu",
+                        help="PyTorch device to run on, e.g. cuda or cuda:1 (default cpu)")
     parser.add_argument("--repeats", type=_positive, default=3, help="timed runs per compressor (median)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first")
     parser.add_argument("--seed", type=int, default=0)
@@ -70,6 +77,7 @@ class Row:
     compress_gbps: float
     decompress_ms: float
     decompress_gbps: float
+    memcpy_ratio: float  # (compress + decompress) / one copy of the gradient
     relative_error: float
     collectives: str  # per round, e.g. "allgather+allgather" or "average | average"
 
@@ -86,29 +94,45 @@ def gradient(numel: int, width: int, density: float, seed: int) -> np.ndarray:
     return g
 
 
-def _ready(ops: Any, tensors: list[Any]) -> None:
-    """Wait until ``tensors`` are computed (a device copy of one element each)."""
-    for t in tensors:
-        ops.to_numpy(ops.reshape(t, (-1,))[:1])
-
-
 def measure(make: Callable[[], Any], tensor: Any, ops: Any) -> tuple[float, float, Any, list[list[Any]]]:
     """One step of a fresh compressor: compress and decompress seconds, result, messages per round."""
     from hvdsketch.compress import TensorContext
     from hvdsketch.exchange import Flight
 
+    ops.synchronize(tensor)
     start = time.perf_counter()
     flight = Flight(make(), tensor, TensorContext("bench", ops.shape(tensor), 0, 1))
     rounds = [flight.messages]
-    _ready(ops, [m.tensor for m in rounds[0]])
+    for m in rounds[0]:
+        ops.synchronize(m.tensor)
     middle = time.perf_counter()
     while not flight.advance([m.tensor for m in rounds[-1]]):
         rounds.append(flight.messages)
-    _ready(ops, [flight.result])
+    ops.synchronize(flight.result)
     return middle - start, time.perf_counter() - middle, flight.result, rounds
 
 
-def bench(flag: str, g: np.ndarray, tensor: Any, ops: Any, repeats: int, warmup: int) -> Row:
+def copy_of(ops: Any, tensor: Any) -> Any:
+    """A copy of ``tensor`` on its device (``clone``)."""
+    if ops.name == "tensorflow":
+        import tensorflow as tf
+
+        return tf.raw_ops.DeepCopy(x=tensor)
+    return tensor.copy() if ops.name == "numpy" else tensor.clone()
+
+
+def memcpy_seconds(tensor: Any, ops: Any, repeats: int, warmup: int) -> float:
+    """Median seconds of one copy of ``tensor`` on its device, timed as the codecs are."""
+    times = []
+    for _ in range(warmup + repeats):
+        ops.synchronize(tensor)
+        start = time.perf_counter()
+        ops.synchronize(copy_of(ops, tensor))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[warmup:])
+
+
+def bench(flag: str, g: np.ndarray, tensor: Any, ops: Any, repeats: int, warmup: int, memcpy_s: float) -> Row:
     from hvdsketch.compress import create
 
     make = functools.partial(create, flag)
@@ -123,17 +147,18 @@ def bench(flag: str, g: np.ndarray, tensor: Any, ops: Any, repeats: int, warmup:
     return Row(compressor=str(compressor), ratio=g.nbytes / sent,
                compress_ms=1e3 * compress_s, compress_gbps=g.nbytes / compress_s / 1e9,
                decompress_ms=1e3 * decompress_s, decompress_gbps=g.nbytes / decompress_s / 1e9,
-               relative_error=float(error),
+               memcpy_ratio=(compress_s + decompress_s) / memcpy_s, relative_error=float(error),
                collectives=" | ".join("+".join(m.op for m in messages) for messages in rounds))
 
 
 def table(rows: list[Row]) -> str:
     head = (f"{'compressor':<22} {'ratio':>8} {'compress ms':>12} {'GB/s':>7} {'decompress ms':>14} {'GB/s':>7} "
-            f"{'rel. error':>10}  collectives")
+            f"{'x memcpy':>9} {'rel. error':>10}  collectives")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r.compressor:<22} {r.ratio:>8.1f} {r.compress_ms:>12.1f} {r.compress_gbps:>7.2f} "
-                     f"{r.decompress_ms:>14.1f} {r.decompress_gbps:>7.2f} {r.relative_error:>10.3g}  {r.collectives}")
+                     f"{r.decompress_ms:>14.1f} {r.decompress_gbps:>7.2f} {r.memcpy_ratio:>9.1f} "
+                     f"{r.relative_error:>10.3g}  {r.collectives}")
     return "\n".join(lines)
 
 
@@ -145,19 +170,26 @@ def run(args: argparse.Namespace) -> int:
     for flag in flags:
         create(flag)  # a bad flag fails before any timing
     g = gradient(args.numel, args.width, args.density, args.seed)
+    if args.device != "cpu" and args.framework != "torch":
+        raise ValueError(f"--device {args.device} runs PyTorch; --framework {args.framework} runs on the host")
     module, convert = FRAMEWORKS[args.framework]
     tensor = getattr(importlib.import_module(module), convert)(g)
+    if args.device != "cpu":
+        tensor = tensor.to(args.device)
     ops = backend(tensor)
+    memcpy_s = memcpy_seconds(tensor, ops, args.repeats, args.warmup)
     rows = []
     print(f"# {args.numel} float32 elements as {g.shape}, {args.density:g} of rows non-zero, "
-          f"{args.framework} back-end, median of {args.repeats}", flush=True)
+          f"{args.framework} back-end on {ops.device_name(tensor)}, median of {args.repeats}; "
+          f"one copy of the gradient (memcpy) {1e3 * memcpy_s:.2f} ms", flush=True)
     for flag in flags:
-        rows.append(bench(flag, g, tensor, ops, args.repeats, args.warmup))
+        rows.append(bench(flag, g, tensor, ops, args.repeats, args.warmup, memcpy_s))
         print(f"#   {rows[-1].compressor} done", file=sys.stderr, flush=True)
     print(table(rows))
     if args.json:
         report = {"numel": args.numel, "shape": list(g.shape), "density": args.density,
-                  "framework": args.framework, "repeats": args.repeats, "rows": [asdict(r) for r in rows]}
+                  "framework": args.framework, "device": ops.device_name(tensor), "repeats": args.repeats,
+                  "memcpy_ms": 1e3 * memcpy_s, "rows": [asdict(r) for r in rows]}
         text = json.dumps(report, indent=2)
         if args.json == "-":
             print(text)

@@ -1,0 +1,215 @@
+"""What every array back-end provides: :class:`Ops`, the functions algorithms may call.
+
+``hvdsketch.ops.numpy``, ``.torch`` and ``.tensorflow`` are modules that
+implement this protocol (a unit test checks that each defines exactly these
+functions with these signatures). Two rules make the algorithms written against
+it run on an accelerator as they run on the host:
+
+* **Every creating function takes the tensor it is like** (``like``, or the
+  index / value tensor it works on): what it makes lives on that tensor's
+  device, so nothing on the gradient path is made in host memory and copied.
+* **Host syncs are named.** A function that reads a device value on the host,
+  or whose output size depends on the values (so the host must wait to learn
+  it), says so in its docstring ("host sync"); the rest only queue device work.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+Tensor = Any
+
+
+class Ops(Protocol):
+    """The functions of one array back-end (a module), as algorithms see them."""
+
+    #: The framework: ``"numpy"``, ``"torch"`` or ``"tensorflow"``.
+    name: str
+
+    # -- what a tensor is ----------------------------------------------------------------------
+
+    def dtype_name(self, x: Tensor) -> str:
+        """``x``'s dtype by its numpy name (``"float32"``, ``"bfloat16"``, ``"int64"``)."""
+
+    def is_floating(self, x: Tensor) -> bool:
+        """Whether ``x`` holds floating-point numbers."""
+
+    def shape(self, x: Tensor) -> tuple[int, ...]:
+        """``x``'s static shape (TensorFlow: a clear error when it is not fully known)."""
+
+    def nbytes(self, x: Tensor) -> int | None:
+        """Bytes of ``x`` (TensorFlow inside ``tf.function``: ``None`` when known only at run time)."""
+
+    def device_name(self, x: Tensor) -> str:
+        """Where ``x`` lives: ``"cpu"`` for host memory, else e.g. ``"cuda:0"``."""
+
+    def is_symbolic(self, x: Tensor) -> bool:
+        """True while a graph is being traced (``tf.function``): values do not exist yet."""
+
+    # -- creating tensors (each on ``like``'s device) -------------------------------------------
+
+    def zeros(self, n: int | Sequence[int], dtype: str, like: Tensor) -> Tensor:
+        """Zeros of shape ``n`` and ``dtype`` on ``like``'s device."""
+
+    def arange(self, n: int, like: Tensor) -> Tensor:
+        """``0, 1, ..., n - 1`` as int64 on ``like``'s device."""
+
+    def constant(self, values: Sequence[float], dtype: str, like: Tensor) -> Tensor:
+        """The host numbers ``values`` as a 1-D tensor of ``dtype`` on ``like``'s device (copied
+        without waiting for the device's queued work)."""
+
+    def uniform(self, shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
+        """Uniform numbers in ``[0, 1)`` of ``like``'s floating dtype on its device, a pure
+        function of ``seed`` within a back-end and device type."""
+
+    def from_numpy(self, a: np.ndarray, like: Tensor) -> Tensor:
+        """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device (restoring
+        checkpoints; not for the per-step path)."""
+
+    def indicator(self, n: int, idx: Tensor, dtype: str) -> Tensor:
+        """A length-``n`` vector of ``dtype``, 1 at ``idx`` and 0 elsewhere, on ``idx``'s device."""
+
+    def scatter(self, n: int, idx: Tensor, values: Tensor) -> Tensor:
+        """A length-``n`` vector, ``values`` at ``idx`` (distinct) and 0 elsewhere, on ``values``' device."""
+
+    def scatter_add(self, n: int, idx: Tensor, values: Tensor) -> Tensor:
+        """A length-``n`` vector holding at each index the sum of the ``values`` given for it."""
+
+    # -- moving tensors ---------------------------------------------------------------------------
+
+    def to_numpy(self, x: Tensor) -> np.ndarray:
+        """``x`` as a numpy array in host memory (host sync)."""
+
+    def to_host(self, x: Tensor) -> Tensor:
+        """A copy of ``x`` in host memory, complete on return (host sync)."""
+
+    def to_device(self, x: Tensor, like: Tensor) -> Tensor:
+        """``x`` (host) on ``like``'s device (from pageable host memory: a host sync on CUDA)."""
+
+    def synchronize(self, x: Tensor) -> None:
+        """Block until ``x`` and the device work queued before it are done (for timing; host sync)."""
+
+    # -- shaping and element-wise ---------------------------------------------------------------
+
+    def cast(self, x: Tensor, dtype: str) -> Tensor:
+        """``x`` converted to ``dtype``."""
+
+    def reshape(self, x: Tensor, new_shape: Sequence[int]) -> Tensor:
+        """``x`` with ``new_shape`` (one entry may be -1)."""
+
+    def flatten(self, x: Tensor) -> Tensor:
+        """``x`` as a vector."""
+
+    def concat(self, xs: Sequence[Tensor]) -> Tensor:
+        """The vectors ``xs`` one after another."""
+
+    def split(self, x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
+        """The vector ``x`` cut into consecutive pieces of ``sizes``."""
+
+    def stack(self, xs: Sequence[Tensor]) -> Tensor:
+        """``xs`` of one shape stacked along a new first dimension."""
+
+    def pad(self, x: Tensor, n: int) -> Tensor:
+        """The vector ``x`` followed by ``n`` zeros (``x`` itself, not a copy, when ``n`` is 0)."""
+
+    def outer_add(self, a: Tensor, b: Tensor) -> Tensor:
+        """Flattened ``a[:, None] + b[None, :]``."""
+
+    def transpose(self, x2d: Tensor) -> Tensor:
+        """The transpose of a matrix."""
+
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+        """The matrix product ``a b``."""
+
+    def sign(self, x: Tensor) -> Tensor:
+        """-1, 0 or 1 by the sign of each element."""
+
+    def floor(self, x: Tensor) -> Tensor:
+        """Each element rounded down."""
+
+    def log2(self, x: Tensor) -> Tensor:
+        """The base-2 logarithm of each element (``-inf`` at 0)."""
+
+    def clip(self, x: Tensor, low: float | None = None, high: float | None = None) -> Tensor:
+        """``x`` limited to ``[low, high]`` element-wise (``None``: unbounded on that side)."""
+
+    def where(self, condition: Tensor, x: Tensor | float, y: Tensor | float) -> Tensor:
+        """``x`` where ``condition`` holds, else ``y`` (broadcast; at least one of them a tensor)."""
+
+    def gather(self, x: Tensor, idx: Tensor) -> Tensor:
+        """The entries of ``x`` at the int64 indices ``idx``."""
+
+    # -- reductions -----------------------------------------------------------------------------
+
+    def reduce_sum(self, x: Tensor, axis: int | None = None) -> Tensor:
+        """The sum of ``x`` (along ``axis``)."""
+
+    def reduce_max(self, x: Tensor, axis: int | None = None) -> Tensor:
+        """The maximum of ``x`` (along ``axis``)."""
+
+    def reduce_min(self, x: Tensor, axis: int | None = None) -> Tensor:
+        """The minimum of ``x`` (along ``axis``)."""
+
+    def sqnorm(self, x: Tensor) -> Tensor:
+        """``sum x^2``, accumulated in float64, as a 0-d float64 tensor on ``x``'s device."""
+
+    def sort0(self, x: Tensor) -> Tensor:
+        """``x`` sorted along its first dimension."""
+
+    def bitwise_or_rows(self, x2d: Tensor) -> Tensor:
+        """The bitwise OR of the rows of an integer matrix."""
+
+    def orthonormalize(self, x2d: Tensor) -> Tensor:
+        """Orthonormal columns spanning those of the ``n x r`` matrix ``x2d`` (``n >= r``): the Q of
+        its reduced QR decomposition (Householder, so rank-deficient inputs still give orthonormal Q)."""
+
+    # -- selecting (output sizes marked "host sync" depend on the values) -----------------------
+
+    def topk_abs(self, x: Tensor, k: int) -> Tensor:
+        """int64 indices of the ``k`` entries of the vector ``x`` largest in magnitude (ties: any;
+        NaN ranks largest); no host sync."""
+
+    def select_abs_at_least(self, x: Tensor, threshold: Tensor, limit: int) -> Tensor:
+        """int64 indices of the entries of the vector ``x`` with ``|x| >= threshold``, at most the
+        ``limit`` largest in magnitude of them; NaN qualifies and ranks largest (host sync: the count)."""
+
+    def nonzero_rows(self, x2d: Tensor) -> Tensor:
+        """int64 indices of the rows of ``x2d`` holding a non-zero, NaN included (host sync: the count)."""
+
+    def positive(self, x: Tensor) -> Tensor:
+        """int64 indices where the vector ``x`` is > 0 (host sync: the count)."""
+
+    def where_less(self, x: Tensor, bound: int) -> Tensor:
+        """The entries of the int64 vector ``x`` below ``bound`` (host sync: the count)."""
+
+    def coalesce_rows(self, indices: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Distinct row indices (int64, sorted) and the sum of the rows given for each (host sync:
+        the count)."""
+
+    # -- bits -----------------------------------------------------------------------------------
+
+    def pack_bits(self, mask: Tensor) -> Tensor:
+        """The truth values of the vector ``mask`` as uint8, 8 per byte, first in the highest bit,
+        the last byte padded with zeros."""
+
+    def unpack_bits(self, bits: Tensor) -> Tensor:
+        """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""
+
+    # -- checks (raise the same error on every rank, given the same reduced values) -------------
+
+    def all_finite_flag(self, x: Tensor) -> Tensor:
+        """A 0-d truth on ``x``'s device: every element of ``x`` is finite (no host sync)."""
+
+    def all_true(self, flags: Sequence[Tensor]) -> bool:
+        """Whether every 0-d truth in ``flags`` holds: one host sync for all of them."""
+
+    def check_true(self, flag: Tensor, message: str) -> None:
+        """Raise ``ValueError(message)`` unless ``flag`` holds (host sync; inside ``tf.function``
+        an assertion that runs with the step)."""
+
+    def check_finite(self, x: Tensor, message: str) -> Tensor:
+        """``x``, after raising ``FloatingPointError(message)`` if it holds NaN or Inf (host sync)."""
+
+    def check_all_equal(self, x: Tensor, message: str, error: type[Exception] = ValueError) -> None:
+        """Raise ``error(message)`` unless every entry of ``x`` equals the first (host sync)."""
