@@ -47,7 +47,7 @@ def verify(communicator: Communicator, description: str, ops: ModuleType, like: 
 def step_message(ops: ModuleType, step: int, setup: int) -> Message:
     """This step's tag: ``max`` over ranks of ``(step, -step, setup, -setup)``, in host memory (it is
     control, not gradient data: checking it must not wait for an accelerator)."""
-    return Message(ops.constant([step, -step, setup, -setup], "int64"), "max")
+    return Message(ops.host_constant([step, -step, setup, -setup], "int64"), "max")
 
 
 def step_agrees(ops: ModuleType, reduced: Any) -> Any:

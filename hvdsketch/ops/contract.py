@@ -59,6 +59,10 @@ class Ops(Protocol):
         """The host numbers ``values`` as a 1-D tensor of ``dtype`` on ``like``'s device (copied
         without waiting for the device's queued work)."""
 
+    def host_constant(self, values: Sequence[float], dtype: str) -> Tensor:
+        """The numbers ``values`` as a 1-D tensor of ``dtype`` in host memory: control values that
+        ride beside the gradients (the step tag), never gradient data; reading them waits for no device."""
+
     def uniform(self, shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
         """Uniform numbers in ``[0, 1)`` of ``like``'s floating dtype on its device, a pure
         function of ``seed`` within a back-end and device type."""

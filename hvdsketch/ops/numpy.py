@@ -46,6 +46,10 @@ def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) ->
     return np.asarray(values, dtype=dtype)
 
 
+def host_constant(values: Sequence[float], dtype: str) -> Tensor:
+    return np.asarray(values, dtype=dtype)
+
+
 def concat(xs: Sequence[Tensor]) -> Tensor:
     return np.concatenate(list(xs))
 

@@ -67,6 +67,11 @@ def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) ->
         return tf.constant(list(values), dtype=dtype)
 
 
+def host_constant(values: Sequence[float], dtype: str) -> Tensor:
+    with tf.device("/CPU:0"):
+        return tf.constant(list(values), dtype=dtype)
+
+
 def concat(xs: Sequence[Tensor]) -> Tensor:
     return tf.concat(list(xs), axis=0)
 

@@ -62,6 +62,10 @@ def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) ->
     return host.to(like.device)
 
 
+def host_constant(values: Sequence[float], dtype: str) -> Tensor:
+    return torch.tensor(list(values), dtype=_DTYPES[dtype], device="cpu")
+
+
 def concat(xs: Sequence[Tensor]) -> Tensor:
     return torch.cat(list(xs))
 

@@ -47,7 +47,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._group_of = {p: group for group in groups or [] for p in group}
         self._ready: dict[tuple[torch.Tensor, ...], int] = {}
         self._started: set[torch.Tensor] = set()
-        self._sparse: set[torch.Tensor] = set()  # parameters whose gradients have come sparse
+        self._sparse: dict[torch.Tensor, int] = {}  # parameters whose gradients come sparse: their sparse dims
         self._bytes_dense = 0
         self._synchronized = False
         self._should_synchronize = True
@@ -85,7 +85,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                             p.new_zeros((0, *p.shape[1:])), tuple(p.shape), device=p.device)
                     if p in self._sparse else torch.zeros_like(p))
         elif grad.is_sparse:
-            self._sparse.add(p)
+            self._sparse[p] = grad.sparse_dim()
         self._started.add(p)
         self._exchanger.start(self._names[p], _as_hvdsketch(grad))
 
@@ -103,8 +103,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         averaged = self._exchanger.finish()
         for p in self._requires_update:
             result = _as_torch(averaged[self._names[p]])
-            if p in self._sparse:
-                p.grad = result if result.is_sparse else result.to_sparse()
+            if p in self._sparse:  # the layout autograd gives, whatever the compressor sent
+                same = result.is_sparse and result.sparse_dim() == self._sparse[p]
+                p.grad = result if same else result.to_dense().to_sparse(self._sparse[p])
             elif p.grad is None:
                 p.grad = result.to_dense() if result.is_sparse else result
             else:
