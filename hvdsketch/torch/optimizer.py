@@ -105,7 +105,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._requires_update:
             result = _as_torch(averaged[self._names[p]])
             if p in self._sparse:
-                p.grad = result if result.is_sparse else result.to_sparse()
+                p.grad = result if result.is_sparse else result.to_sparse(1)  # rows sparse, as autograd gives
             elif p.grad is None:
                 p.grad = result.to_dense() if result.is_sparse else result
             else:
