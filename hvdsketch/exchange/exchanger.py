@@ -22,9 +22,9 @@ default 30) is reported on that rank with what it waits for, every
 
 Inside ``tf.function`` a step is fixed when the function is traced, and a rank may trace again
 when another does not (a smaller last batch): there every tensor's context has step 0 (so the
-ranks' hash seeds agree whichever graph each runs) and no step tag is sent (its constant input
-would let TensorFlow fold the collective into the graph, leaving a retraced rank alone in it);
-the setup was agreed eagerly when first traced. Horovod reduces no bfloat16 tensor, so bfloat16
+ranks' hash seeds agree whichever graph each runs), a trace does not count as a step, and no step
+tag is sent (its constant input would let TensorFlow fold the collective into the graph, leaving a
+retraced rank alone in it); the setup was agreed eagerly when first traced. Horovod reduces no bfloat16 tensor, so bfloat16
 gradients are exchanged as float32 and handed back as bfloat16.
 """
 from __future__ import annotations
@@ -91,6 +91,7 @@ class Exchanger:
         self._flights: dict[str, tuple[Flight, Handle | None]] = {}  # handle None: done
         self._inputs: list[tuple[Any, TensorContext]] = []
         self._tag: Handle | None = None
+        self._traced = False  # this step's tensors are symbolic (tf.function tracing)
         #: This step's tensors as given (to tell, when a result is not finite, whether this rank's
         #: own input was), the wire's 16-bit dtype of each that sends one, and the dtype of each
         #: exchanged in another (bfloat16 as float32).
@@ -129,7 +130,7 @@ class Exchanger:
             raise RuntimeError(f"hvdsketch: {name!r} was started twice in one step")
         values = values_of(tensor)
         ops = backend(values)
-        traced = ops.is_symbolic(values)
+        traced = self._traced = ops.is_symbolic(values)
         if self._tag is None and not traced:
             self._tag = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup, values)])
         self._given[name] = values
@@ -183,7 +184,8 @@ class Exchanger:
         inputs, self._inputs = self._inputs, []
         inputs.sort(key=lambda item: self.order.get(item[1].name, len(self.order)))
         self.policy.end_step(inputs, self.communicator)
-        self.step += 1
+        if not self._traced:  # a trace is no step: a rank that traces again would count one more
+            self.step += 1
         return results
 
     def exchange(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
