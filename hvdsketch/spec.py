@@ -4,12 +4,17 @@ The same string is accepted as a Python argument, as ``--compression`` on the
 command line, as the ``HVDSKETCH_COMPRESSION`` environment variable and under
 ``compression:`` in a YAML config, in that order of precedence. Values are
 converted by the type of the option they name, so ``sketch:rows=3`` gives an
-``int``; unknown names or keys raise :class:`SpecError` listing the valid ones.
+``int``; options given as Python keywords (``create("sketch", rows=3)``) are
+checked against the same types. Unknown names or keys, values of the wrong type
+and floats that are not finite raise :class:`SpecError` naming the option and
+what it takes.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
+import numbers
 import os
 import types
 import typing
@@ -56,14 +61,40 @@ class Spec:
         return int.from_bytes(hashlib.sha256(str(self).encode()).digest()[:4], "little") >> 1
 
 
+def _alternatives(kind: Any) -> tuple[list[Any], bool]:
+    """The types a field of type ``kind`` takes, and whether it takes ``None``."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        args = typing.get_args(kind)
+        return [k for k in args if k is not type(None)], type(None) in args
+    return [kind], False
+
+
+def describe(kind: Any) -> str:
+    """What a field of type ``kind`` takes, in words: ``an int``, ``a float or none``, ``one of a, b``."""
+    kinds, optional = _alternatives(kind)
+    words = []
+    for k in kinds:
+        if typing.get_origin(k) is typing.Literal:
+            words.append("one of " + ", ".join(map(str, typing.get_args(k))))
+        else:
+            name = getattr(k, "__name__", str(k))
+            words.append(("an " if name[0] in "aeiou" else "a ") + name)
+    return " or ".join(words) + (" or none" if optional else "")
+
+
+def _finite(value: float, where: str) -> float:
+    if not math.isfinite(value):
+        raise SpecError(f"{where}: {value} is not a finite number")
+    return value
+
+
 def _convert(text: str, kind: Any, where: str) -> Any:
-    origin = typing.get_origin(kind)
-    if origin in (typing.Union, types.UnionType):
-        kinds = [k for k in typing.get_args(kind) if k is not type(None)]
-        if text.lower() == "none":
-            return None
-        kind = kinds[0]
-    if origin is typing.Literal:
+    """The value a flag's ``text`` gives a field of type ``kind``."""
+    kinds, optional = _alternatives(kind)
+    if optional and text.lower() == "none":
+        return None
+    kind = kinds[0]
+    if typing.get_origin(kind) is typing.Literal:
         allowed = typing.get_args(kind)
         if text not in allowed:
             raise SpecError(f"{where}: {text!r} is not one of {', '.join(map(str, allowed))}")
@@ -73,9 +104,36 @@ def _convert(text: str, kind: Any, where: str) -> Any:
             if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError
             return text.lower() in ("true", "1", "yes")
-        return kind(text)
+        value = kind(text)
     except ValueError:
         raise SpecError(f"{where}: {text!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+    return _finite(value, where) if kind is float else value
+
+
+def coerce(value: Any, kind: Any, where: str) -> Any:
+    """``value`` (a Python value: a keyword argument, a YAML value) for a field of type ``kind``.
+
+    Text where the field takes no text is converted as in a flag (``"3"`` for an ``int``); an
+    ``int`` is a ``float`` too; anything else of the wrong type, and a float that is not finite,
+    raises :class:`SpecError` naming ``where`` and what it takes."""
+    kinds, optional = _alternatives(kind)
+    if value is None and optional:
+        return None
+    if isinstance(value, str) and str not in kinds:
+        return _convert(value, kind, where)
+    for k in kinds:
+        if typing.get_origin(k) is typing.Literal:
+            if value in typing.get_args(k):
+                return value
+        elif k is float:
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                return _finite(float(value), where)
+        elif k is int:
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                return int(value)
+        elif isinstance(value, typing.get_origin(k) or k):
+            return value
+    raise SpecError(f"{where} takes {describe(kind)}, got {value!r} ({type(value).__name__})")
 
 
 def build(spec: "str | Spec", registry: Mapping[str, type], kind: str = "compressor", **options: Any) -> Any:
@@ -84,6 +142,9 @@ def build(spec: "str | Spec", registry: Mapping[str, type], kind: str = "compres
     Options come from the spec's text (converted by field type) or, for a bare
     name, as Python keyword arguments (``build("sketch", registry, rows=3)``).
     """
+    if not isinstance(spec, Spec) and (not isinstance(spec, str) or not spec.strip()):
+        raise SpecError(f"a {kind} flag must be a non-empty string naming one of {', '.join(sorted(registry))} "
+                        f"(options as name:key=value), got {spec!r}")
     spec = Spec.parse(spec)
     if spec.options and options:
         raise SpecError(f"give options either in the spec {str(spec)!r} or as keywords, not both")
@@ -96,11 +157,17 @@ def build(spec: "str | Spec", registry: Mapping[str, type], kind: str = "compres
     if unknown:
         valid = ", ".join(sorted(fields)) or "(none)"
         raise SpecError(f"unknown option(s) {', '.join(unknown)} for {spec.name!r}; valid: {valid}")
-    kwargs = {k: _convert(v, fields[k], f"{spec.name}:{k}") for k, v in spec.options.items()} or options
+    kwargs = ({k: _convert(v, fields[k], f"{spec.name}:{k}") for k, v in spec.options.items()}
+              or {k: coerce(v, fields[k], f"{spec.name}:{k}") for k, v in options.items()})
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
         raise SpecError(f"{spec.name}: {err}") from None
+
+
+def _blank(value: Any) -> bool:
+    """An empty flag: blank text, or an empty mapping or list of rules."""
+    return not value.strip() if isinstance(value, str) else isinstance(value, (Mapping, list)) and not value
 
 
 def resolve(argument: str | None = None, cli: str | None = None,
@@ -108,10 +175,20 @@ def resolve(argument: str | None = None, cli: str | None = None,
             env_var: str = ENV_VAR, default: str = "none") -> "str | Mapping[str, Any] | list":
     """The flag in force: Python argument, then ``--compression``, then the
     environment, then the YAML config, then ``default``. A config may give a
-    mapping or list (per-tensor rules, :mod:`hvdsketch.policy`), returned as is."""
-    for candidate in (argument, cli, os.environ.get(env_var), (config or {}).get(key)):
-        if isinstance(candidate, (Mapping, list)) and candidate:
-            return candidate
-        if candidate is not None and str(candidate).strip():
-            return str(candidate)
+    mapping or list (per-tensor rules, :mod:`hvdsketch.policy`), returned as is.
+
+    An empty (or blank) argument, ``--compression`` or config value raises :class:`SpecError`
+    instead of quietly meaning ``default``; an empty environment variable counts as unset."""
+    config = config or {}
+    if key in config and (config[key] is None or _blank(config[key])):
+        raise SpecError(f"{key!r} in the config is empty; give a flag such as 'sketch:error=0.5' "
+                        f"(or {default!r}), or leave the key out")
+    for candidate, where in ((argument, f"{key}="), (cli, f"--{key} "), (os.environ.get(env_var), None),
+                             (config.get(key), None)):
+        if candidate is None or (where is None and _blank(candidate)):
+            continue
+        if _blank(candidate):
+            raise SpecError(f"{where}{candidate!r} is empty; give a flag such as 'sketch:error=0.5' "
+                            f"(or {default!r}, the default), or leave it unset")
+        return candidate if isinstance(candidate, (Mapping, list)) else str(candidate)
     return default

@@ -38,8 +38,9 @@ fi
 step "virtual environment $VENV"
 [ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
-export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore
-quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; return "${PIPESTATUS[0]}"; }
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# pip's own chatter only: the warnings of what it installs are left alone (horovodrun below, training)
+quiet() { PYTHONWARNINGS=ignore "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; return "${PIPESTATUS[0]}"; }
 
 step "PyTorch $TORCH_VERSION, TensorFlow $TF_VERSION and Python dependencies"
 quiet $PIP install -q --upgrade pip setuptools wheel

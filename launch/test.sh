@@ -30,7 +30,7 @@ suite() {
   PASSED=$((PASSED + p)); FAILED=$((FAILED + f))
   if [ "$rc" -ne 0 ]; then
     BAD_RUNS=$((BAD_RUNS + 1))
-    echo "---- $name (exit $rc), last lines:"; grep -v "^WARNING" "$LOGS/$name.log" | tail -40
+    echo "---- $name (exit $rc), last lines:"; grep -v "^WARNING:tensorflow:\|^WARNING: All log messages" "$LOGS/$name.log" | tail -40
   fi
   printf '%-28s %4d passed, %d failed  (%ds, exit %d)\n' "$name" "$p" "$f" $((SECONDS - start)) "$rc"
 }

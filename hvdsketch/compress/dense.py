@@ -33,7 +33,10 @@ class NoCompression(Compressor):
 class HalfPrecision(Compressor):
     """The tensor cast to 16-bit floats for the wire and back (Horovod's ``Compression.fp16``).
 
-    ``dtype=bfloat16`` keeps fp32's range at fp16's size.
+    Values beyond float16's range (65504) overflow to Inf on the wire; the exchange then raises,
+    naming the overflow. ``dtype=bfloat16`` would keep fp32's range at fp16's size, but
+    Horovod 0.28.1 reduces no bfloat16 tensor (PyTorch or TensorFlow, MPI, Gloo or NCCL), so it is
+    refused when built rather than when the first gradient fails to travel.
 
     Host syncs: none.
     """
@@ -44,8 +47,11 @@ class HalfPrecision(Compressor):
     dtype: str = "float16"
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float16", "bfloat16"):
-            raise ValueError("dtype must be float16 or bfloat16")
+        if self.dtype == "bfloat16":
+            raise ValueError("dtype=bfloat16 cannot travel: Horovod 0.28.1 has no bfloat16 allreduce (PyTorch "
+                             "or TensorFlow, CPU or GPU); use fp16 (float16), or keep the gradients float32")
+        if self.dtype != "float16":
+            raise ValueError(f"dtype must be float16 or bfloat16, got {self.dtype!r}")
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
         ops = backend(tensor)

@@ -26,8 +26,8 @@ class PowerSGD(Compressor):
     equal on every rank. Error feedback (Algorithm 2) is part of the method
     (``feedback``): the exchanger keeps ``E`` in the user's residual memory, or in
     float32 when none is given.
-    Orthogonalization is a reduced QR. Tensors of rank < 2, and matrices where
-    ``r (n + m) >= n m`` (nothing saved), are averaged dense in one round.
+    Orthogonalization is a reduced QR (in float32 for 16-bit gradients). Tensors of rank < 2,
+    and matrices where ``r (n + m) >= n m`` (nothing saved), are averaged dense in one round.
 
     Host syncs: none (the QR runs on the tensor's device).
 
@@ -80,7 +80,9 @@ class PowerSGD(Compressor):
     def project(self, reduced: Sequence[Any], matrix: Any) -> tuple[list[Message], Any]:
         """Round 2: ``P^ = orthogonalize(mean P)`` and ``Q = M^T P^``."""
         ops = backend(matrix)
-        p_hat = ops.orthonormalize(reduced[0])
+        dtype = ops.dtype_name(reduced[0])
+        wide = "float64" if dtype == "float64" else "float32"  # no QR takes 16-bit floats (nor keeps them finite)
+        p_hat = ops.cast(ops.orthonormalize(ops.cast(reduced[0], wide)), dtype)
         return [Message(ops.matmul(ops.transpose(matrix), p_hat), "average")], p_hat
 
     def decompress(self, reduced: Sequence[Any], p_hat: Any, ctx: TensorContext) -> Any:

@@ -7,17 +7,28 @@ optimizer's step; the TensorFlow tape calls both for the gradients it computed.
 boundary, never mid-step), starts a :class:`~hvdsketch.exchange.flight.Flight`
 (error feedback included) and sends its first round through the non-blocking
 communicator; it also moves on every earlier tensor whose round has landed, so
-multi-round methods advance while backward still runs. ``finish`` waits only
-for what is still in flight, runs the last rounds, and checks, in one host
-sync, that every result is finite and that every rank was at the same step with
-the same setup (:mod:`~hvdsketch.exchange.agreement`): one rank's NaN or Inf
-reaches every rank's reduction, so every rank raises alike and none is left
-waiting. Then, at the step boundary, the policy may look at the step's
+multi-round methods advance while backward still runs. ``finish`` first checks
+that every rank is at the same step with the same setup
+(:mod:`~hvdsketch.exchange.agreement`), then waits only for what is still in
+flight, runs the last rounds, and checks in one host sync that every result is
+finite: one rank's NaN or Inf reaches every rank's reduction, so every rank
+raises alike and none is left waiting; each rank's message says whether its own
+gradient was finite, so a finite gradient that overflowed a 16-bit wire dtype is
+named as overflow. Then, at the step boundary, the policy may look at the step's
 gradients and decide for the next steps (``auto``).
 
 A wait that lasts ``HVDSKETCH_STALL_SECONDS`` (default 30) is reported on that
 rank with what it waits for, every as many seconds until it ends
 (:mod:`~hvdsketch.exchange.watchdog`).
+
+Inside ``tf.function`` a step is fixed when the function is traced, and a rank
+may trace again when another does not (a smaller last batch): there every
+tensor's context has step 0 (so the ranks' hash seeds agree whichever graph each
+runs), a trace does not count as a step, and no step tag is sent (its constant
+input would let TensorFlow fold the collective into the graph, leaving a
+retraced rank alone in it); the setup was agreed eagerly when first traced.
+Horovod reduces no bfloat16 tensor, so bfloat16 gradients are exchanged as
+float32 and handed back as bfloat16.
 """
 from __future__ import annotations
 
@@ -35,6 +46,11 @@ from hvdsketch.memory import Fp32, Memory
 from hvdsketch.ops import backend
 
 Reduction = Literal["average", "sum"]
+
+#: Gradient dtypes that Horovod's collectives cannot carry, and the dtype they are exchanged in.
+CARRIED_AS = {"bfloat16": "float32"}
+#: 16-bit dtypes on the wire and their largest finite value: a finite gradient beyond it overflows.
+NARROW = {"float16": 65504.0}
 
 
 def is_passthrough(tensor: Any) -> bool:
@@ -79,6 +95,13 @@ class Exchanger:
         self._flights: dict[str, tuple[Flight, Handle | None]] = {}  # handle None: done
         self._inputs: list[tuple[Any, TensorContext]] = []
         self._tag: Handle | None = None
+        self._traced = False  # this step's tensors are symbolic (tf.function tracing)
+        #: This step's tensors as given (to tell, when a result is not finite, whether this rank's
+        #: own input was), the wire's 16-bit dtype of each that sends one, and the dtype of each
+        #: exchanged in another (bfloat16 as float32).
+        self._given: dict[str, Any] = {}
+        self._narrow: dict[str, tuple[str, str]] = {}
+        self._carried: dict[str, str] = {}
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -111,22 +134,32 @@ class Exchanger:
             raise RuntimeError(f"hvdsketch: {name!r} was started twice in one step")
         values = values_of(tensor)
         ops = backend(values)
-        if self._tag is None:
+        traced = self._traced = ops.is_symbolic(values)
+        if self._tag is None and not traced:
             self._tag = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup)])
+        self._given[name] = values
+        dtype = ops.dtype_name(values)
+        if dtype in CARRIED_AS:
+            self._carried[name] = dtype
+            tensor = _with_values(tensor, ops.cast(values, CARRIED_AS[dtype]))
         shape = tensor.dense_shape if isinstance(tensor, RowSparse) else ops.shape(tensor)
-        ctx = TensorContext(name, tuple(shape), self.step, self.communicator.size, self.communicator.rank)
+        ctx = TensorContext(name, tuple(shape), 0 if traced else self.step, self.communicator.size,
+                            self.communicator.rank)
         compressor = self._dense if is_passthrough(tensor) else self.policy.compressor(ctx)
         memory = self._memory_for(compressor)
         if isinstance(tensor, RowSparse) and (self.sparse_as_dense or not compressor.row_sparse
                                               or (memory is not None and memory.keeps(name))):
             tensor = tensor.to_dense()
-        if memory is not None and ops.is_symbolic(values):
+        if memory is not None and traced:
             raise ValueError(f"hvdsketch: {compressor} with residual memory keeps its state between steps in "
                              f"Python, which tf.function would freeze at tracing; run the step eagerly")
         if self.policy.wants_inputs:
             self._inputs.append((tensor, ctx))
         self._progress()
         flight = Flight(compressor, tensor, ctx, memory)
+        narrow = [ops.dtype_name(m.tensor) for m in flight.messages if ops.dtype_name(m.tensor) in NARROW]
+        if narrow:
+            self._narrow[name] = (narrow[0], str(compressor))
         self._flights[name] = (flight, self._send_round(flight))
         flight.settle()
 
@@ -147,16 +180,19 @@ class Exchanger:
                             self._step_flight(name, flight, self._wait(handle, name))
             results = {name: flight.result for name, (flight, _) in self._flights.items()}
             self.communicator.stats.seconds["codec"] += sum(flight.seconds for flight, _ in self._flights.values())
+            results = self._check(results)
+            results.update({name: _cast(results[name], dtype) for name, dtype in self._carried.items()})
         finally:
-            self._flights.clear()
-        results = self._check(results)
+            for kept in (self._flights, self._given, self._narrow, self._carried):
+                kept.clear()
         if self.op == "sum":
             results = {name: _scaled(r, self.communicator.size) for name, r in results.items()}
         self.communicator.stats.seconds["finish"] += time.perf_counter() - began
         inputs, self._inputs = self._inputs, []
         inputs.sort(key=lambda item: self.order.get(item[1].name, len(self.order)))
         self.policy.end_step(inputs, self.communicator)
-        self.step += 1
+        if not self._traced:  # a trace is no step: a rank that traces again would count one more
+            self.step += 1
         return results
 
     def exchange(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
@@ -206,11 +242,7 @@ class Exchanger:
     def _check_step(self, tag: Any) -> None:
         """Every rank sent the same step and setup, else the same error on every rank (the tag is a
         host tensor: checking it waits for no device)."""
-        ops = backend(tag)
-        agreed = agreement.step_agrees(ops, tag)
-        if ops.is_symbolic(agreed):
-            ops.check_true(agreed, str(agreement.step_error(self.step, self.communicator.rank)))
-        elif not ops.all_true([agreed]):
+        if not backend(tag).all_true([agreement.step_agrees(backend(tag), tag)]):
             raise agreement.step_error(self.step, self.communicator.rank)
 
     def _check(self, results: dict[str, Any]) -> dict[str, Any]:
@@ -222,13 +254,33 @@ class Exchanger:
             return results
         ops = backend(next(iter(floating.values())))
         if ops.is_symbolic(next(iter(floating.values()))):
-            return {name: _with_values(r, ops.check_finite(values_of(r), _nonfinite(name)))
+            return {name: _with_values(r, ops.check_finite(values_of(r), self._nonfinite(name, None)))
                     if name in floating else r for name, r in results.items()}
         flags = [ops.all_finite_flag(r) for r in floating.values()]
         if ops.all_true(flags):
             return results
         bad = [name for name, flag in zip(floating, flags) if not ops.all_true([flag])]
-        raise FloatingPointError(_nonfinite(bad[0]) + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+        given = self._given.get(bad[0])
+        finite_here = None if given is None else ops.all_true([ops.all_finite_flag(given)])
+        raise FloatingPointError(self._nonfinite(bad[0], finite_here)
+                                 + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+
+    def _nonfinite(self, name: str, finite_here: bool | None) -> str:
+        """Why ``name``'s averaged result is NaN or Inf, as far as this rank can tell: its own input
+        was not finite; or it was, and the wire's 16-bit dtype overflowed or another rank's was not
+        (``finite_here`` None: unknown, inside ``tf.function``)."""
+        rank, (narrow, compressor) = self.communicator.rank, self._narrow.get(name, (None, None))
+        if finite_here is False:
+            return (f"hvdsketch: gradient {name!r} is NaN or Inf on rank {rank} (and so in every rank's "
+                    f"average)")
+        if narrow is None:
+            return f"hvdsketch: gradient {name!r} is NaN or Inf on some rank" + (
+                f" (finite on rank {rank}: another rank's is not)" if finite_here else "")
+        here = f"it is finite on rank {rank}:" if finite_here else "unless a rank's gradient is NaN or Inf,"
+        return (f"hvdsketch: gradient {name!r} overflowed {narrow} on the wire: {here} some rank's values, or "
+                f"their sum, exceed {narrow}'s largest value {NARROW[narrow]:g} ({compressor} sends {narrow})"
+                + (", or another rank's gradient is NaN or Inf" if finite_here else "")
+                + "; scale the loss or gradients down, or use a compression that sends float32")
 
     # -- checkpoints ------------------------------------------------------------------------------
 
@@ -259,13 +311,15 @@ class Exchanger:
             self.own_memory.load_state_dict(state["own_memory"])
 
 
-def _nonfinite(name: str) -> str:
-    return f"hvdsketch: gradient {name!r} is NaN or Inf on some rank"
-
-
 def _with_values(result: Any, values: Any) -> Any:
     """``result`` (dense, or :class:`RowSparse`) with ``values`` in place of its values."""
     return RowSparse(result.indices, values, result.dense_shape) if isinstance(result, RowSparse) else values
+
+
+def _cast(result: Any, dtype: str) -> Any:
+    """``result`` (dense, or :class:`RowSparse`) with its values cast to ``dtype``."""
+    values = values_of(result)
+    return _with_values(result, backend(values).cast(values, dtype))
 
 
 def _scaled(result: Any, factor: float) -> Any:

@@ -1,4 +1,8 @@
-"""The TensorFlow (tf-keras) training loop of ``hvdsketch train``: one ``tf.function`` step."""
+"""The TensorFlow (tf-keras) training loop of ``hvdsketch train``: one ``tf.function`` step.
+
+With ``memory`` (error feedback, path hvdsketch) the step runs eagerly: residuals live in Python,
+which a traced function would freeze.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -26,47 +30,61 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
                  else keras.optimizers.SGD(config.lr, momentum=config.momentum))
     hvd.broadcast_variables(model.variables, root_rank=0)
 
-    policy = None  # hvdsketch's path: the per-tensor policy, whose assignment the record keeps
+    eager = config.memory is not None
+    tapes: list[Any] = []  # hvdsketch's path: the tapes made, and the bytes each tape's exchange sent
+    sent: list[int] = []  # (one step's per trace; each step's when eager)
     if config.path == "horovod":
         from hvdsketch.tensorflow import Compression
 
-        if not config.sparse_as_dense:
+        if not config.densify:
             raise SpecError("sparse_as_dense=false (Horovod's allgather of IndexedSlices) is not measured "
                             "for TensorFlow workloads; use a PyTorch workload")
 
         compression = Compression.from_spec(config.compression)
 
-        def wrap(tape):
-            return hvd.DistributedGradientTape(tape, compression=compression, sparse_as_dense=True)
+        def gradients(tape, loss):
+            wrapped = hvd.DistributedGradientTape(tape, compression=compression, sparse_as_dense=True)
+            return wrapped.gradient(loss, model.trainable_variables)
 
         def report() -> tuple[int, int]:
             return (ring_allreduce_bytes(int(compression.bytes_sent.numpy()), size),
                     ring_allreduce_bytes(int(compression.bytes_dense.numpy()), size))
     else:
+        from hvdsketch.memory import create as create_memory
         from hvdsketch.policy import create
         from hvdsketch.tensorflow import DistributedGradientTape
 
-        traced = []  # the tapes made while tracing; the last one's counters hold one step's bytes
-        policy = create(config.compression)  # one for every trace: decided once, when first traced
+        if config.sparse_as_dense:
+            raise SpecError("sparse_as_dense: hvdsketch's tape keeps IndexedSlices as the compressor takes them "
+                            "and has no such option; leave it out on path hvdsketch")
+        memory = None if config.memory is None else create_memory(config.memory)  # one for every step
+        # a flag string names one exchanger for every tape (and trace); rules get one policy, decided
+        # once when first traced
+        compression = config.compression if isinstance(config.compression, str) else create(config.compression)
 
-        def wrap(tape):
-            traced.append(DistributedGradientTape(tape, compression=policy))
-            return traced[-1]
+        def gradients(tape, loss):
+            tapes.append(DistributedGradientTape(tape, compression=compression, memory=memory))
+            stats = tapes[-1]._exchanger.communicator.stats
+            before = stats.bytes_sent
+            grads = tapes[-1].gradient(loss, model.trainable_variables)
+            sent.append(stats.bytes_sent - before)  # counted when traced, or each eager step
+            return grads
 
         def report() -> tuple[int, int]:
             dense = sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables)
-            return traced[-1]._communicator.stats.bytes_sent * done, ring_allreduce_bytes(dense, size) * done
+            return sum(sent) if eager else sent[-1] * done, ring_allreduce_bytes(dense, size) * done
 
-    @tf.function
     def train_step(inputs, targets):
         with tf.GradientTape() as tape:
             loss = workload.loss(model, (inputs, targets))
-        grads = wrap(tape).gradient(loss, model.trainable_variables)
+        grads = gradients(tape, loss)
         if config.clip:
             grads, _ = tf.clip_by_global_norm(grads, config.clip)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
+    if not eager:
+        train_step = tf.function(train_step)
     steps = workload.steps_per_epoch(size)
     if config.steps_per_epoch:
         steps = min(steps, config.steps_per_epoch)
@@ -90,6 +108,6 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
             "path": config.path, "rank": rank, "size": size, "epochs": config.epochs, "steps": done,
             "wall_s": wall, "step_s": step_time / max(done, 1), "exchange_s": None,
             "bytes_sent_per_step": sent / max(done, 1), "bytes_dense_per_step": dense / max(done, 1),
-            "assignment": None if policy is None or policy.assignment is None
-            else [row.to_dict() for row in policy.assignment],
+            "assignment": None if not tapes or tapes[-1]._exchanger.policy.assignment is None
+            else [row.to_dict() for row in tapes[-1]._exchanger.policy.assignment],
             "validation": validation, "config": dataclasses.asdict(config), "environment": environment()}

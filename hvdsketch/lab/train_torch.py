@@ -27,9 +27,9 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
 
         compression = Compression.from_spec(config.compression)
         optimizer = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                             compression=compression, sparse_as_dense=config.sparse_as_dense)
+                                             compression=compression, sparse_as_dense=config.densify)
         size = hvd.size()
-        gathered = _count_sparse_allgather(model) if not config.sparse_as_dense else None
+        gathered = _count_sparse_allgather(model) if not config.densify else None
 
         def report() -> dict[str, Any]:
             r = compression.report()
@@ -42,7 +42,7 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
     from hvdsketch.torch import DistributedOptimizer
 
     optimizer = DistributedOptimizer(base, model.named_parameters(), compression=config.compression,
-                                     memory=config.memory)
+                                     memory=config.memory, sparse_as_dense=config.densify)
 
     def report() -> dict[str, Any]:
         r = optimizer.report()

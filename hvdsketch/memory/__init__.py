@@ -33,10 +33,16 @@ from hvdsketch.memory.warmup import TensorStats, Warmup
 FLAGS: dict[str, type] = {**REGISTRY, PlanSpec.name: PlanSpec}
 
 
-def create(flag: "str | _spec.Spec | Memory") -> Memory:
-    """The residual memory a ``--memory`` flag names; raises :class:`hvdsketch.spec.SpecError`."""
+def create(flag: "str | _spec.Spec | Memory | Store") -> Memory:
+    """The residual memory a ``--memory`` flag (or one store for every tensor) names; raises
+    :class:`hvdsketch.spec.SpecError` naming the valid flags."""
     if isinstance(flag, Memory):
         return flag
+    if isinstance(flag, Store):
+        return Memory(default=flag, spec=str(flag))
+    if not isinstance(flag, (str, _spec.Spec)):
+        raise _spec.SpecError(f"memory must be a --memory flag such as 'fp32' or 'plan:budget=0.25' (valid: "
+                              f"{', '.join(sorted(FLAGS))}), a Memory or a Store, got {type(flag).__name__}")
     options = _spec.build(flag, FLAGS, kind="residual memory")
     if isinstance(options, PlanSpec):
         return PlannedMemory(options)

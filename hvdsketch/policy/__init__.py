@@ -33,6 +33,13 @@ def create(compression: Any = None) -> Policy:
     ``"none"``. Raises :class:`hvdsketch.spec.SpecError` naming the valid choices."""
     if isinstance(compression, (Policy, Compressor)):
         return from_flag(compression)
+    if hasattr(compression, "compress") and hasattr(compression, "decompress"):  # Compression.fp16, Horovod's too
+        inner = getattr(compression, "compressor", None)
+        flag = repr(str(inner)) if isinstance(inner, Compressor) else "'fp16'"
+        raise _spec.SpecError(
+            f"{getattr(compression, '__name__', compression)!r} is a value for Horovod's own compression= "
+            f"argument; hvdsketch's DistributedOptimizer and DistributedGradientTape take the flag string, "
+            f"e.g. compression={flag}")
     if isinstance(compression, Mapping):
         return Rules.from_mapping(compression)
     if isinstance(compression, (list, tuple)):

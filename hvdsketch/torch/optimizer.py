@@ -21,6 +21,7 @@ Horovod, so every rank starts the same exchanges.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from contextlib import contextmanager
 from typing import Any, Iterable, Mapping
@@ -226,6 +227,36 @@ def _groups(groups: Any, params: list[torch.Tensor], names: dict[torch.Tensor, s
     raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
 
 
+def _check_arguments(optimizer: Any, backward_passes_per_step: Any, gradient_predivide_factor: Any,
+                     sparse_as_dense: Any) -> None:
+    """Raise a clear error for arguments of the wrong type or out of range, before any is used."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"hvdsketch: DistributedOptimizer wraps a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if not isinstance(backward_passes_per_step, int) or isinstance(backward_passes_per_step, bool):
+        raise TypeError(f"hvdsketch: backward_passes_per_step must be an int, got {backward_passes_per_step!r}")
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if (not isinstance(gradient_predivide_factor, (int, float)) or isinstance(gradient_predivide_factor, bool)
+            or not math.isfinite(gradient_predivide_factor) or gradient_predivide_factor <= 0):
+        raise ValueError(f"hvdsketch: gradient_predivide_factor must be a finite number > 0, got "
+                         f"{gradient_predivide_factor!r}")
+    if not isinstance(sparse_as_dense, bool):
+        raise TypeError(f"hvdsketch: sparse_as_dense must be True or False, got {sparse_as_dense!r}")
+
+
+def _named(named_parameters: Any) -> list[tuple[str, torch.Tensor]] | None:
+    """``named_parameters`` as a list of (name, parameter) pairs, or a clear error."""
+    if named_parameters is None:
+        return None
+    named = list(named_parameters)
+    if not all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+               and isinstance(item[1], torch.Tensor) for item in named):
+        raise ValueError("hvdsketch: named_parameters must be (name, parameter) pairs, as model.named_parameters() "
+                         "gives (not model.parameters())")
+    return named
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
                          compression: "str | Compressor | Policy | Mapping | list | None" = None,
@@ -267,8 +298,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     from hvdsketch.memory import create as create_memory
     from hvdsketch.policy import create as create_policy
 
-    if backward_passes_per_step < 1:
-        raise ValueError("backward_passes_per_step must be > 0")
+    _check_arguments(optimizer, backward_passes_per_step, gradient_predivide_factor, sparse_as_dense)
     op = hvd.Average if op is None else op
     if op not in (hvd.Average, hvd.Sum, hvd.Adasum):
         raise ValueError(f"hvdsketch: op must be hvd.Average, hvd.Sum or hvd.Adasum, got {op!r}")
@@ -287,7 +317,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                                         backward_passes_per_step=backward_passes_per_step, op=hvd.Adasum,
                                         sparse_as_dense=sparse_as_dense)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    named = list(named_parameters) if named_parameters is not None else None
+    named = _named(named_parameters)
     names = {id(p): name for name, p in named} if named is not None else {}
     if named is not None and (len(names) != len(params) or len({n for n, _ in named}) != len(named)
                               or not all(id(p) in names for p in params)):
