@@ -9,10 +9,14 @@ as ``compression=`` to ``hvd.DistributedOptimizer`` or
 * pass-through for integer and empty tensors (nothing to compress);
 * a check after the reduction, on every rank alike, that the result is
   finite: one rank's NaN or Inf reaches every rank's sum, so every rank raises;
-* two small tags ``t, t^2`` appended to 32/64-bit payloads, ``t`` derived
-  from the tensor's shape and the compressor's spec. If all ranks agree, the
-  averages are ``t`` and ``t^2``; otherwise their variance is non-zero and
-  every rank raises, instead of Horovod silently averaging unlike tensors;
+* small tags ``t_i, t_i^2`` appended to 32/64-bit payloads, three 7-bit
+  ``t_i`` from a digest of the tensor's shape and the compressor's spec (21
+  bits: distinct shapes of one size collide once in two million). If all ranks
+  agree, the averages are ``t_i`` and ``t_i^2``; otherwise some ``t_i`` has a
+  non-zero variance over the ranks, which no rank's ``(t_i, t_i^2)`` hides, and
+  every rank raises, instead of Horovod silently averaging unlike tensors
+  (sums of up to 1024 ranks' squares stay exact in float32);
+* bfloat16 tensors, which Horovod cannot reduce, carried as float32;
 * a count of payload bytes sent against the dense bytes, :meth:`report`.
 
 Horovod's drop-in path shows neither the tensor's name nor the step, so hash
@@ -20,25 +24,37 @@ seeds come from the base seed and the shape.
 """
 from __future__ import annotations
 
-import zlib
+import hashlib
 from typing import Any
 
+from hvdsketch import spec as _spec
 from hvdsketch.compress import Compressor, TensorContext, create
+from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
 from hvdsketch.exchange.flight import Flight
 from hvdsketch.ops import backend
 
 _TAGGED = ("float32", "float64")
-_TAG_RTOL = 1e-5
+#: A rank's mismatch moves a tag's average by at least 1 / (N t) >= 1 / (1024 * 127) of it; rounding
+#: of the average stays below 1e-6 of it.
+_TAG_RTOL = 1e-6
 
 
-def _tag(shape: tuple[int, ...], spec_digest: int) -> int:
-    return (zlib.crc32(repr(shape).encode()) ^ spec_digest) % 15 + 1
+def _tags(shape: tuple[int, ...], compressor: str) -> list[float]:
+    """``t_1, t_1^2, t_2, t_2^2, t_3, t_3^2`` of three 7-bit tags (1..128) from a digest of the
+    shape and the compressor's flag."""
+    digest = int.from_bytes(hashlib.sha256(f"{shape}|{compressor}".encode()).digest()[:3], "little")
+    tags = [(digest >> (7 * i)) % 128 + 1 for i in range(3)]
+    return [float(v) for t in tags for v in (t, t * t)]
 
 
 class DropInCompression:
     """Horovod's compression interface around a :class:`~hvdsketch.compress.Compressor`."""
 
     def __init__(self, compressor: "Compressor | str") -> None:
+        if isinstance(compressor, str) and _spec.Spec.parse(compressor).name == "auto":
+            raise _spec.SpecError("hvdsketch: auto chooses a compressor per tensor and step, which Horovod's "
+                                  "compression= cannot carry; use it with hvdsketch's DistributedOptimizer / "
+                                  "DistributedGradientTape (compression='auto')")
         self.compressor = create(compressor)
         if not self.compressor.drop_in:
             raise ValueError(
@@ -47,7 +63,6 @@ class DropInCompression:
                 f"DistributedGradientTape with compression={str(self.compressor)!r}"
                 + (", or fix the sketch's size with density= (e.g. sketch:density=0.05)"
                    if self.compressor.name == "sketch" else ""))
-        self._digest = zlib.crc32(str(self.compressor).encode())
         self.bytes_sent = 0
         self.bytes_dense = 0
 
@@ -56,46 +71,51 @@ class DropInCompression:
         shape = ops.shape(tensor)
         if not ops.is_floating(tensor) or 0 in shape:
             return tensor, None
+        given, carried = tensor, CARRIED_AS.get(ops.dtype_name(tensor))
+        if carried:
+            tensor = ops.cast(tensor, carried)
         ctx = TensorContext(name=f"shape{shape}", shape=shape)
         flight = Flight(self.compressor, tensor, ctx)
         (message,) = flight.messages
         payload = message.tensor
         dtype = ops.dtype_name(payload)
         if dtype in _TAGGED:
-            t = _tag(shape, self._digest)
-            payload = ops.concat([ops.flatten(payload), ops.constant([t, t * t], dtype, tensor)])
-        self._count(ops.nbytes(payload), ops.nbytes(tensor))
-        return payload, (flight, ctx, ops.shape(message.tensor), dtype)
+            payload = ops.concat([ops.flatten(payload), ops.constant(_tags(shape, str(self.compressor)), dtype, tensor)])
+        self._count(ops.nbytes(payload), ops.nbytes(given))
+        return payload, (flight, ctx, ops.shape(message.tensor), dtype, given)
 
     def decompress(self, tensor: Any, state: Any) -> Any:
         """The averaged gradient, after checking (one host sync per tensor: Horovod's path has no
         step boundary to check all tensors at once) that it is finite and the tags agreed."""
         if state is None:
             return tensor
-        flight, ctx, message_shape, dtype = state
+        flight, ctx, message_shape, dtype, given = state
         ops = backend(tensor)
-        nonfinite = f"hvdsketch: a gradient of shape {ctx.shape} is NaN or Inf on some rank"
+        narrow = dtype if dtype in NARROW else None
+        name = f"of shape {ctx.shape}"
         disagree = (f"hvdsketch: ranks disagree on a gradient's shape or compression spec "
                     f"(this rank: shape {ctx.shape}, {self.compressor})")
         agreed = None
         if dtype in _TAGGED:
-            body, tags = ops.split(tensor, [ops.shape(tensor)[0] - 2, 2])
-            t = _tag(ctx.shape, self._digest)
-            want = ops.constant([t, t * t], dtype, tensor)
+            want = _tags(ctx.shape, str(self.compressor))
+            body, tags = ops.split(tensor, [ops.shape(tensor)[0] - len(want), len(want)])
+            want = ops.constant(want, dtype, tensor)
             agreed = ops.reduce_min(ops.cast(abs(tags - want) <= _TAG_RTOL * abs(want), "int64")) > 0
             tensor = ops.reshape(body, message_shape)
         if ops.is_symbolic(tensor):  # inside tf.function: assertions that run with the step
-            tensor = ops.check_finite(tensor, nonfinite)
+            tensor = ops.check_finite(tensor, nonfinite_message(name, "this rank", None, narrow, str(self.compressor)))
             if agreed is not None:
                 ops.check_true(agreed, disagree)
         else:
             finite = ops.all_finite_flag(tensor)
             if not ops.all_true([finite] + ([agreed] if agreed is not None else [])):
                 if not ops.all_true([finite]):
-                    raise FloatingPointError(nonfinite)
+                    raise FloatingPointError(nonfinite_message(name, "this rank", ops.all_true(
+                        [ops.all_finite_flag(given)]), narrow, str(self.compressor)))
                 raise ValueError(disagree)
         if flight.advance([tensor]):
-            return flight.result
+            carried = ops.dtype_name(given) in CARRIED_AS
+            return ops.cast(flight.result, ops.dtype_name(given)) if carried else flight.result
         raise RuntimeError(f"hvdsketch: {self.compressor.name} asked for a second round in the drop-in path")
 
     def _count(self, sent: int, dense: int) -> None:

@@ -40,6 +40,7 @@ from hvdsketch.collectives import Communicator, Handle
 from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
 from hvdsketch.compress.support import values_of
 from hvdsketch.exchange import agreement
+from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
 from hvdsketch.exchange.flight import Flight
 from hvdsketch.exchange.watchdog import Watchdog
 from hvdsketch.memory import Fp32, Memory
@@ -47,10 +48,6 @@ from hvdsketch.ops import backend
 
 Reduction = Literal["average", "sum"]
 
-#: Gradient dtypes that Horovod's collectives cannot carry, and the dtype they are exchanged in.
-CARRIED_AS = {"bfloat16": "float32"}
-#: 16-bit dtypes on the wire and their largest finite value: a finite gradient beyond it overflows.
-NARROW = {"float16": 65504.0}
 
 
 def is_passthrough(tensor: Any) -> bool:
@@ -266,21 +263,8 @@ class Exchanger:
                                  + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
 
     def _nonfinite(self, name: str, finite_here: bool | None) -> str:
-        """Why ``name``'s averaged result is NaN or Inf, as far as this rank can tell: its own input
-        was not finite; or it was, and the wire's 16-bit dtype overflowed or another rank's was not
-        (``finite_here`` None: unknown, inside ``tf.function``)."""
-        rank, (narrow, compressor) = self.communicator.rank, self._narrow.get(name, (None, None))
-        if finite_here is False:
-            return (f"hvdsketch: gradient {name!r} is NaN or Inf on rank {rank} (and so in every rank's "
-                    f"average)")
-        if narrow is None:
-            return f"hvdsketch: gradient {name!r} is NaN or Inf on some rank" + (
-                f" (finite on rank {rank}: another rank's is not)" if finite_here else "")
-        here = f"it is finite on rank {rank}:" if finite_here else "unless a rank's gradient is NaN or Inf,"
-        return (f"hvdsketch: gradient {name!r} overflowed {narrow} on the wire: {here} some rank's values, or "
-                f"their sum, exceed {narrow}'s largest value {NARROW[narrow]:g} ({compressor} sends {narrow})"
-                + (", or another rank's gradient is NaN or Inf" if finite_here else "")
-                + "; scale the loss or gradients down, or use a compression that sends float32")
+        return nonfinite_message(repr(name), f"rank {self.communicator.rank}", finite_here,
+                                 *self._narrow.get(name, (None, None)))
 
     # -- checkpoints ------------------------------------------------------------------------------
 

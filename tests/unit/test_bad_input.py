@@ -89,8 +89,6 @@ def test_a_dropin_compression_given_to_hvdsketch_says_to_pass_the_flag():
         policy.create(Compression.from_spec("randomk:ratio=0.1"))
 
 
-@pytest.mark.xfail(strict=True, reason="needs dropin.py: 'auto' in Horovod's compression= should say that auto "
-                                       "works with hvdsketch's DistributedOptimizer / DistributedGradientTape")
 def test_dropin_auto_says_where_auto_works():
     with pytest.raises((SpecError, ValueError), match="auto.*(DistributedOptimizer|DistributedGradientTape)"):
         Compression.from_spec("auto")

@@ -169,8 +169,6 @@ def dropin_step(hvd, layer: torch.nn.Module, compression, dtype=torch.float32, s
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="needs dropin.py: a tag from a digest of shape and spec with more than "
-                                       "15 values (two float32 tags from a 24-bit hash, t and t^2 exact)")
 def test_dropin_shapes_of_one_size_that_differ_by_rank_fail_on_every_rank(hvd):
     layer = torch.nn.Linear(6, 4, bias=False) if hvd.rank() == 0 else torch.nn.Linear(4, 6, bias=False)
     with pytest.raises(ValueError, match="ranks disagree on a gradient's shape"):
@@ -178,16 +176,12 @@ def test_dropin_shapes_of_one_size_that_differ_by_rank_fail_on_every_rank(hvd):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="needs dropin.py: name overflow of a float16 payload as the exchanger does")
 def test_dropin_fp16_overflow_is_reported_as_overflow(hvd):
     with pytest.raises(FloatingPointError, match="overflow"):
         dropin_step(hvd, linear(), Compression.fp16, scale=1e5 if hvd.rank() == 0 else 1.0)
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="needs dropin.py: carry a bfloat16 tensor as float32 (or raise naming "
-                                       "the dtype); Horovod raises 'Tensor type torch.BFloat16Tensor is not "
-                                       "supported'")
 def test_dropin_bfloat16_model_works_or_names_the_dtype(hvd):
     try:
         dropin_step(hvd, linear(torch.bfloat16), Compression.none, dtype=torch.bfloat16)

@@ -1,0 +1,30 @@
+"""What a rank can say when an averaged gradient is not finite, and which dtypes need carrying.
+
+One rank's NaN or Inf reaches every rank's average, so every rank raises; what
+each can add is whether its own gradient was finite. If it was and the wire
+carried a 16-bit dtype, the likeliest cause is overflow on the wire (a finite
+1e5 is Inf in float16), which the message names, with the fix.
+"""
+from __future__ import annotations
+
+#: Gradient dtypes that Horovod's collectives cannot carry, and the dtype they are exchanged in.
+CARRIED_AS = {"bfloat16": "float32"}
+#: 16-bit dtypes on the wire and their largest finite value: a finite gradient beyond it overflows.
+NARROW = {"float16": 65504.0}
+
+
+def nonfinite_message(name: str, where: str, finite_here: bool | None, narrow: str | None = None,
+                      compressor: str | None = None) -> str:
+    """Why gradient ``name``'s average is NaN or Inf, as far as ``where`` (``"rank 3"``) can tell:
+    its own input was not finite; or it was, and the wire's ``narrow`` dtype (sent by ``compressor``)
+    overflowed or another rank's was not (``finite_here`` None: unknown, inside ``tf.function``)."""
+    if finite_here is False:
+        return f"hvdsketch: gradient {name} is NaN or Inf on {where} (and so in every rank's average)"
+    if narrow is None:
+        return f"hvdsketch: gradient {name} is NaN or Inf on some rank" + (
+            f" (finite on {where}: another rank's is not)" if finite_here else "")
+    here = f"it is finite on {where}:" if finite_here else "unless a rank's gradient is NaN or Inf,"
+    return (f"hvdsketch: gradient {name} overflowed {narrow} on the wire: {here} some rank's values, or "
+            f"their sum, exceed {narrow}'s largest value {NARROW[narrow]:g} ({compressor} sends {narrow})"
+            + (", or another rank's gradient is NaN or Inf" if finite_here else "")
+            + "; scale the loss or gradients down, or use a compression that sends float32")
