@@ -26,13 +26,14 @@ class RandomK(Compressor):
         E[(n / k) g_i 1[i in S]] = g_i
 
     Without it, it is the ``rand_k`` operator that Stich et al. 2018 pair with
-    error feedback (a residual memory passed to ``exchange``). ``ratio=1`` is exact.
+    error feedback (``memory=``, the exchanger's residual memory). ``ratio=1`` is exact.
 
     In Horovod's drop-in path the name is only the shape and the step stays 0,
     so a per-name call counter, advanced alike on every rank as long as all
     ranks compress their tensors in the same order, changes ``S`` every call.
-    Inside ``tf.function`` name, step and counter are read when it is traced,
-    so ``S`` stays the same until it is traced again.
+    Inside ``tf.function`` name, step and counter are read when it is traced, and
+    tracing does not advance the counter, so every rank's graph draws the same ``S``
+    (a rank that traces again, on a smaller last batch, agrees with the others).
 
     Host syncs: none (the keys are drawn on the tensor's device).
 
@@ -59,7 +60,8 @@ class RandomK(Compressor):
         n = math.prod(ctx.shape)
         k = sparse.count(self.ratio, n)
         call = self._calls.get(ctx.name, 0)
-        self._calls[ctx.name] = call + 1
+        if not ops.is_symbolic(flat):  # a traced graph keeps its draw; a rank tracing again must agree
+            self._calls[ctx.name] = call + 1
         keys = ops.uniform(n, seeds.derive(self.seed, ctx.name, ctx.step, f"randomk.{call}"), flat)
         indices = ops.topk_abs(keys, k)
         values = ops.gather(flat, indices)

@@ -18,8 +18,8 @@ class TopK(Compressor):
     Each rank keeps ``top_k(g)_i = g_i if |g_i| is among the k largest of |g|, else 0``
     (the ``top_k`` operator of Stich et al. 2018, Sec. 2); every rank receives
     all ranks' pairs and averages them (:mod:`hvdsketch.compress.sparse`). The
-    operator is biased; with error feedback (a residual memory passed to
-    ``exchange``) what is dropped is sent later. ``ratio=1`` is exact. A row-sparse
+    operator is biased; with error feedback (``memory=``, the exchanger's residual
+    memory) what is dropped is sent later. ``ratio=1`` is exact. A row-sparse
     gradient (an embedding's) is selected from its rows without densifying it: its
     other coordinates are zeros, which top-k never needs (when ``k`` exceeds its
     non-zeros, all of them are sent).

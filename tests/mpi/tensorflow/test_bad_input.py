@@ -62,9 +62,7 @@ def test_residual_memory_works_eagerly(hvd):
 
 
 @timeout
-@pytest.mark.parametrize("compression", ["none", "sketch:density=0.5", pytest.param("randomk:ratio=0.5", marks=(
-    pytest.mark.xfail(strict=True, reason="needs randomk.py: inside tf.function draw with call 0 (its per-name "
-                                          "counter advances only on the rank that traces again)")))])
+@pytest.mark.parametrize("compression", ["none", "sketch:density=0.5", "randomk:ratio=0.5"])
 def test_a_rank_that_retraces_alone_neither_hangs_nor_disagrees(hvd, compression):
     """One rank's last batch is smaller, so only that rank traces the step again: its graph must
     submit the same collectives, with the same hash seeds, as the other ranks' older graph."""
