@@ -37,7 +37,7 @@ def zeros(n: int | Sequence[int], dtype: str, like: Tensor | None = None) -> Ten
     return np.zeros(n, dtype=dtype)
 
 
-def arange(n: int) -> Tensor:
+def arange(n: int, like: Tensor | None = None) -> Tensor:
     return np.arange(n, dtype=np.int64)
 
 
@@ -59,8 +59,11 @@ def pad(x: Tensor, n: int) -> Tensor:
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
-    """int64 indices of the rows of ``x2d`` holding a non-zero (NaN counts as non-zero)."""
-    return np.flatnonzero(np.any(x2d != 0, axis=1)).astype(np.int64)
+    """int64 indices of the rows of ``x2d`` holding a non-zero (NaN counts as non-zero): a row is zero
+    when its maximum and minimum are (two reductions, no temporary the size of ``x2d``)."""
+    if x2d.shape[1] == 0:
+        return np.zeros(0, np.int64)
+    return np.flatnonzero((x2d.max(axis=1) != 0) | (x2d.min(axis=1) != 0)).astype(np.int64)
 
 
 def positive(x: Tensor) -> Tensor:
@@ -87,6 +90,13 @@ def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
 def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
     out = np.zeros(n, dtype=values.dtype)
     np.add.at(out, idx, values)
+    return out
+
+
+def add_rows(x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
+    """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
+    out = np.array(x, copy=True)
+    np.add.at(out, indices, rows.astype(x.dtype, copy=False))
     return out
 
 

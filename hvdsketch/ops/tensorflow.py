@@ -41,7 +41,7 @@ def zeros(n: int | Sequence[int], dtype: str, like: Tensor | None = None) -> Ten
     return tf.zeros(n, dtype=dtype)
 
 
-def arange(n: int) -> Tensor:
+def arange(n: int, like: Tensor | None = None) -> Tensor:
     return tf.range(n, dtype=tf.int64)
 
 
@@ -83,6 +83,11 @@ def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
 
 def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
     return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype), idx[:, None], values)
+
+
+def add_rows(x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
+    """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
+    return tf.tensor_scatter_nd_add(x, tf.cast(indices, tf.int64)[:, None], tf.cast(rows, x.dtype))
 
 
 def stack(xs: Sequence[Tensor]) -> Tensor:

@@ -42,8 +42,8 @@ def zeros(n: int | Sequence[int], dtype: str, like: Tensor | None = None) -> Ten
     return torch.zeros(n, dtype=_DTYPES[dtype], device=None if like is None else like.device)
 
 
-def arange(n: int) -> Tensor:
-    return torch.arange(n, dtype=torch.int64)
+def arange(n: int, like: Tensor | None = None) -> Tensor:
+    return torch.arange(n, dtype=torch.int64, device=None if like is None else like.device)
 
 
 def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) -> Tensor:
@@ -63,7 +63,9 @@ def pad(x: Tensor, n: int) -> Tensor:
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
-    return torch.nonzero((x2d != 0).any(dim=1)).reshape(-1)
+    """int64 indices of the rows of ``x2d`` holding a non-zero (NaN counts as non-zero): a row is zero
+    when its maximum and minimum are (two reductions, no temporary the size of ``x2d``)."""
+    return torch.nonzero((x2d.amax(dim=1) != 0) | (x2d.amin(dim=1) != 0)).reshape(-1)
 
 
 def positive(x: Tensor) -> Tensor:
@@ -89,6 +91,11 @@ def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
 def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
     out = torch.zeros(n, dtype=values.dtype, device=values.device)
     return out.index_add_(0, idx.to(values.device), values)
+
+
+def add_rows(x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
+    """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
+    return x.clone().index_add_(0, indices.to(x.device), rows.to(x.dtype))
 
 
 def stack(xs: Sequence[Tensor]) -> Tensor:
