@@ -116,8 +116,8 @@ class Exchanger:
         ctx = TensorContext(name, tuple(shape), self.step, self.communicator.size, self.communicator.rank)
         compressor = self._dense if is_passthrough(tensor) else self.policy.compressor(ctx)
         memory = self._memory_for(compressor)
-        if isinstance(tensor, RowSparse) and (self.sparse_as_dense or not compressor.row_sparse
-                                              or (memory is not None and memory.keeps(name))):
+        if isinstance(tensor, RowSparse) and (self.sparse_as_dense or not compressor.row_sparse or (
+                memory is not None and memory.keeps(name) and not memory.takes_rows(name))):
             tensor = tensor.to_dense()
         if memory is not None and ops.is_symbolic(values):
             raise ValueError(f"hvdsketch: {compressor} with residual memory keeps its state between steps in "

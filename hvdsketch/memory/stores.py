@@ -43,6 +43,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from hvdsketch.compress.support import RowSparse, values_of
 from hvdsketch.ops import backend
 
 State = dict[str, Any]
@@ -73,6 +74,9 @@ class Store(ABC):
     host: ClassVar[bool] = False
     #: State keys holding Python scalars rather than tensors.
     meta: ClassVar[tuple[str, ...]] = ()
+    #: True when :meth:`put` keeps a :class:`RowSparse` residual as its rows (and :meth:`take` may
+    #: give rows back); other stores are given dense residuals.
+    row_sparse: ClassVar[bool] = False
 
     def slot(self, name: str, shape: tuple[int, ...]) -> str:
         """The key the state is kept under; tensors with equal slots share one state."""
@@ -128,14 +132,27 @@ class Nothing(Store):
 
 @dataclass(frozen=True)
 class Fp32(Store):
-    """The full residual in float32: classic error feedback, exact for float32 gradients."""
+    """The full residual in float32: classic error feedback, exact for float32 gradients.
+
+    A row-sparse residual is kept as its rows (``i``, ``v``) and given back as rows: a residual
+    never has support outside the rows it was given."""
 
     name: ClassVar[str] = "fp32"
+    row_sparse: ClassVar[bool] = True
 
     def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
-        return ops.cast(state["e"], ops.dtype_name(like)), None
+        dtype = ops.dtype_name(values_of(like))
+        if "i" in state:
+            shape = like.dense_shape if isinstance(like, RowSparse) else ops.shape(like)
+            return RowSparse(state["i"], ops.cast(state["v"], dtype), tuple(shape)), None
+        return ops.cast(state["e"], dtype), None
 
     def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+        if isinstance(residual, RowSparse):  # its rows, but those left exactly zero
+            rows = ops.reshape(residual.values, (-1, numel(residual.dense_shape[1:])))
+            kept = ops.nonzero_rows(rows)
+            return {"i": ops.gather(ops.cast(residual.indices, "int64"), kept),
+                    "v": ops.cast(ops.reshape(ops.gather(rows, kept), (-1, *residual.dense_shape[1:])), "float32")}
         return {"e": ops.cast(residual, "float32")}
 
     def nbytes(self, shape: Sequence[int]) -> int:
@@ -230,6 +247,7 @@ class Shared(Fp32):
 
     name: ClassVar[str] = "shared"
     meta: ClassVar[tuple[str, ...]] = ("owner", "energy")
+    row_sparse: ClassVar[bool] = False
 
     def slot(self, name: str, shape: tuple[int, ...]) -> str:
         return f"shared{tuple(shape)}"
@@ -258,6 +276,7 @@ class Offload(Fp32):
 
     name: ClassVar[str] = "offload"
     host: ClassVar[bool] = True
+    row_sparse: ClassVar[bool] = False
 
     def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
         return ops.cast(ops.to_device(state["e"], like), ops.dtype_name(like)), None
