@@ -15,8 +15,12 @@ as ``compression=`` to ``hvd.DistributedOptimizer`` or
   every rank raises, instead of Horovod silently averaging unlike tensors;
 * a count of payload bytes sent against the dense bytes, :meth:`report`.
 
-Horovod's drop-in path shows neither the tensor's name nor the step, so hash
-seeds come from the base seed and the shape.
+Horovod's drop-in path shows neither the tensor's name nor the step. The
+object counts its calls per shape instead (every rank makes the same calls in
+the same order) and passes the count as the step, so hash seeds change with
+every call; per-tensor state (the sketch's planned size) is kept by shape.
+Inside ``tf.function`` the call is traced once, so the traced graph keeps the
+step and plan of its tracing.
 """
 from __future__ import annotations
 
@@ -39,15 +43,14 @@ class DropInCompression:
     """Horovod's compression interface around a :class:`~hvdsketch.compress.Compressor`."""
 
     def __init__(self, compressor: "Compressor | str") -> None:
-        self.compressor = create(compressor)
+        self.compressor = create(compressor).one_message()
         if not self.compressor.drop_in:
             raise ValueError(
                 f"hvdsketch: {str(self.compressor)!r} needs more than one averaged allreduce, so it cannot "
                 f"go into Horovod's compression= argument; use hvdsketch's DistributedOptimizer / "
-                f"DistributedGradientTape with compression={str(self.compressor)!r}"
-                + (", or fix the sketch's size with density= (e.g. sketch:density=0.05)"
-                   if self.compressor.name == "sketch" else ""))
+                f"DistributedGradientTape with compression={str(self.compressor)!r}")
         self._digest = zlib.crc32(str(self.compressor).encode())
+        self._calls: dict[tuple[int, ...], int] = {}  # shape -> compress calls so far (the step)
         self.bytes_sent = 0
         self.bytes_dense = 0
 
@@ -56,7 +59,9 @@ class DropInCompression:
         shape = ops.shape(tensor)
         if not ops.is_floating(tensor) or 0 in shape:
             return tensor, None
-        ctx = TensorContext(name=f"shape{shape}", shape=shape)
+        step = self._calls.get(shape, 0)
+        self._calls[shape] = step + 1
+        ctx = TensorContext(name=f"shape{shape}", shape=shape, step=step)
         flight = Flight(self.compressor, tensor, ctx)
         (message,) = flight.messages
         payload = message.tensor
@@ -122,7 +127,7 @@ class CompressionNamespace:
 
     @classmethod
     def sketch(cls, **options: Any) -> DropInCompression:
-        """The sparse-sketch; options as in :class:`hvdsketch.compress.sketch.SparseSketch`.
-        Horovod's path has room for one allreduce, so the union bound is fixed in advance:
-        ``density`` defaults to 0.05 here (the fraction of rows non-zero across all ranks)."""
-        return cls.drop_in(create("sketch", **{"density": 0.05, **options}))
+        """The sparse-sketch; options as in :class:`hvdsketch.compress.sketch.SparseSketch`, its
+        bitmap riding in the averaged message. Each shape's first exchange is dense (or sized from
+        ``density=``), later ones sized from the union the previous one showed."""
+        return cls.drop_in(create("sketch", **options))

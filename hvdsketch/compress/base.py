@@ -92,6 +92,11 @@ class Compressor(ABC):
     #: the exchanger keeps a float32 residual for it when the user gives no residual memory.
     feedback: ClassVar[bool] = False
 
+    def one_message(self) -> "Compressor":
+        """This method in the form whose exchange is one averaged message (:attr:`drop_in`), for
+        Horovod's ``compression=``; itself when it is that already (or has no such form)."""
+        return self
+
     def prepare(self, tensor: Any, ctx: TensorContext) -> Any:
         """The tensor that error feedback compensates: the gradient itself, except for methods
         that transform it first (DGC's clipping and momentum correction)."""
