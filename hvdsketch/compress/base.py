@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Generator, Literal, Mapping, Sequence
 
 from hvdsketch.compress.state import Convert, export_state, import_state
+from hvdsketch.compress.support import RowSparse
 
 Op = Literal["average", "sum", "max", "allgather", "bor"]
 
@@ -110,6 +111,8 @@ class Compressor(ABC):
 
     def residual(self, tensor: Any, messages: Sequence[Message], state: Any, ctx: TensorContext) -> Any:
         """What ``messages`` leave out of ``tensor``: ``tensor - estimate``, dense (``None``: nothing)."""
+        if isinstance(tensor, RowSparse):  # the estimate is dense
+            tensor = tensor.to_dense()
         return tensor - self.estimate(messages, state, ctx)
 
     def estimate(self, messages: Sequence[Message], state: Any, ctx: TensorContext) -> Any:

@@ -15,6 +15,13 @@ reaches every rank's reduction, so every rank raises alike and none is left
 waiting. Then, at the step boundary, the policy may look at the step's
 gradients and decide for the next steps (``auto``).
 
+A communicator that matches collectives by the order of calls rather than by
+name (``communicator.ordered``: the MPI layer) gets its rounds in one canonical
+order on every rank (:mod:`~hvdsketch.exchange.ordering`): the adapter names
+the tensors of a step with :meth:`Exchanger.expect` (``exchange`` names its
+own), and a round waits in a queue until every round before it in that order
+has been launched.
+
 A tensor that is still waiting after ``stall_seconds`` (``HVDSKETCH_STALL_SECONDS``,
 default 30) is reported on that rank with what it waits for, every
 ``stall_seconds`` until it arrives.
@@ -31,10 +38,13 @@ from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
 from hvdsketch.compress.support import values_of
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.flight import Flight
+from hvdsketch.exchange.ordering import LaunchOrder
 from hvdsketch.memory import Fp32, Memory
 from hvdsketch.ops import backend
 
 Reduction = Literal["average", "sum"]
+#: The handle of a round waiting in the launch order's queue.
+QUEUED = object()
 
 
 def is_passthrough(tensor: Any) -> bool:
@@ -75,7 +85,9 @@ class Exchanger:
         #: True once :meth:`verify` has run.
         self.verified = False
         self._dense = create("none")
-        self._flights: dict[str, tuple[Flight, Handle | None]] = {}  # handle None: done
+        self._flights: dict[str, tuple[Flight, Any]] = {}  # handle None: done; QUEUED: not launched yet
+        self._expected: list[str] | None = None
+        self._launch: LaunchOrder | None = None
         self._inputs: list[tuple[Any, TensorContext]] = []
         self._tag: Handle | None = None
 
@@ -91,6 +103,11 @@ class Exchanger:
         agreement.verify(self.communicator, full, ops, like)
         self._setup = agreement.digest(full, bits=40)
         self.verified = True
+
+    def expect(self, names: Sequence[str]) -> None:
+        """The tensors every step exchanges, in the order their rounds are launched where the
+        communicator needs one order on every rank (gradient-ready order is best: backward's)."""
+        self._expected = list(names)
 
     @property
     def in_flight(self) -> list[str]:
@@ -112,6 +129,8 @@ class Exchanger:
         ops = backend(values)
         if self._tag is None:
             self._tag = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup, values)])
+            ordered = getattr(self.communicator, "ordered", False) and self._expected is not None
+            self._launch = LaunchOrder(self._expected) if ordered else None
         shape = tensor.dense_shape if isinstance(tensor, RowSparse) else ops.shape(tensor)
         ctx = TensorContext(name, tuple(shape), self.step, self.communicator.size, self.communicator.rank)
         compressor = self._dense if is_passthrough(tensor) else self.policy.compressor(ctx)
@@ -126,7 +145,7 @@ class Exchanger:
             self._inputs.append((tensor, ctx))
         self._progress()
         flight = Flight(compressor, tensor, ctx, memory)
-        self._flights[name] = (flight, self._send_round(flight))
+        self._submit(name, flight)
         flight.settle()
 
     def finish(self) -> dict[str, Any]:
@@ -137,6 +156,8 @@ class Exchanger:
         began = time.perf_counter()
         tag, self._tag = self._tag, None
         try:
+            if self._launch is not None:
+                self._finish_in_order()
             while any(handle is not None for _, handle in self._flights.values()):
                 for name, (flight, handle) in list(self._flights.items()):
                     if handle is not None:
@@ -145,6 +166,7 @@ class Exchanger:
             reduced_tag = None if tag is None else self._wait(tag, ["the step check"])[0]
         finally:
             self._flights.clear()
+            self._launch = None
         results = self._check(results, reduced_tag)
         if self.op == "sum":
             results = {name: _scaled(r, self.communicator.size) for name, r in results.items()}
@@ -156,10 +178,17 @@ class Exchanger:
         return results
 
     def exchange(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
-        """Start and finish one step of ``tensors`` at once (where no hook can start them earlier)."""
-        for name, tensor in tensors.items():
-            self.start(name, tensor)
-        return self.finish()
+        """Start and finish one step of ``tensors`` at once (where no hook can start them earlier);
+        an ordered communicator launches them in this order unless :meth:`expect` gave one."""
+        expected = self._expected
+        if expected is None:
+            self._expected = list(tensors)
+        try:
+            for name, tensor in tensors.items():
+                self.start(name, tensor)
+            return self.finish()
+        finally:
+            self._expected = expected
 
     # -- inside a step ----------------------------------------------------------------------------
 
@@ -174,20 +203,41 @@ class Exchanger:
     def _send_round(self, flight: Flight) -> Handle:
         return self._send(f"{self.prefix}.{flight.ctx.name}.r{flight.index}", flight.messages)
 
+    def _submit(self, name: str, flight: Flight) -> None:
+        """Send ``flight``'s current round now, or, in a launch order, once the order allows."""
+        if self._launch is None:
+            self._flights[name] = (flight, self._send_round(flight))
+            return
+        self._flights[name] = (flight, QUEUED)
+        self._launch.submit(name, flight.index, lambda: self._flights.__setitem__(name, (flight, self._send_round(flight))))
+
     def _step_flight(self, name: str, flight: Flight, reduced: list[Any]) -> None:
         """Give ``flight`` its round's reduction and send its next round, if any."""
         if flight.advance(reduced):
             self._flights[name] = (flight, None)
+            if self._launch is not None:
+                self._launch.finished(name, flight.index + 1)
         else:
-            self._flights[name] = (flight, self._send_round(flight))
+            self._submit(name, flight)
             flight.settle()
 
     def _progress(self) -> None:
         """Move on, without blocking, every exchange whose early round has landed (a round that
         settles nothing yet is followed by another: PowerSGD's P, the union's bitmap)."""
         for name, (flight, handle) in list(self._flights.items()):
-            if handle is not None and flight.round.residual is None and handle.test():
+            if handle not in (None, QUEUED) and flight.round.residual is None and handle.test():
                 self._step_flight(name, flight, handle.wait())
+
+    def _finish_in_order(self) -> None:
+        """Wait, round by round in the launch order, for the round the order is held at."""
+        missing = [name for name in self._launch.names if name not in self._flights]
+        if missing:
+            raise RuntimeError(f"hvdsketch: {len(missing)} expected tensor(s) were not started this step "
+                               f"({', '.join(missing[:3])}); every rank must exchange the same tensors")
+        while not self._launch.done:
+            name = self._launch.blocker
+            flight, handle = self._flights[name]
+            self._step_flight(name, flight, self._wait(handle, [name]))
 
     def _wait(self, handle: Handle, waiting_for: list[str]) -> list[Any]:
         """``handle.wait()``, reporting every ``stall_seconds`` while it has not arrived."""

@@ -202,6 +202,11 @@ def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
         return tf.constant(a)
 
 
+def adopt(a: np.ndarray, like: Tensor) -> Tensor:
+    """The numpy array ``a`` as a tensor like ``like`` (TensorFlow copies it), on ``like``'s device."""
+    return from_numpy(a, like)
+
+
 # -- peer compressors (hvdsketch.compress: topk, randomk, dgc, qsgd, terngrad, efsignsgd, powersgd) --
 
 def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:

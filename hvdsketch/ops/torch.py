@@ -200,6 +200,12 @@ def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
     return torch.from_numpy(np.array(a, copy=True)).to(like.device)
 
 
+def adopt(a: np.ndarray, like: Tensor) -> Tensor:
+    """The numpy array ``a`` as a tensor like ``like``, sharing ``a``'s memory where ``like`` is in
+    host memory (the caller hands ``a`` over: no copy), copied to ``like``'s device otherwise."""
+    return torch.from_numpy(a).to(like.device)
+
+
 # -- peer compressors (hvdsketch.compress: topk, randomk, dgc, qsgd, terngrad, efsignsgd, powersgd) --
 
 def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
