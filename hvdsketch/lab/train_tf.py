@@ -26,6 +26,8 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
                  else keras.optimizers.SGD(config.lr, momentum=config.momentum))
     hvd.broadcast_variables(model.variables, root_rank=0)
 
+    if config.collectives != "horovod":
+        raise SpecError("collectives: mpi trains PyTorch workloads only (hvdsketch.torch.DistributedOptimizer)")
     policy = None  # hvdsketch's path: the per-tensor policy, whose assignment the record keeps
     if config.path == "horovod":
         from hvdsketch.tensorflow import Compression

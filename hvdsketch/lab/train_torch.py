@@ -42,7 +42,7 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
     from hvdsketch.torch import DistributedOptimizer
 
     optimizer = DistributedOptimizer(base, model.named_parameters(), compression=config.compression,
-                                     memory=config.memory)
+                                     memory=config.memory, collectives=config.collectives)
 
     def report() -> dict[str, Any]:
         r = optimizer.report()
