@@ -17,15 +17,20 @@ What it saves is work: the modular arithmetic runs once per touched unit and
 once per offset, and each element costs one addition, one reduction and one
 multiplication.
 
-Each hash pair on int64 keys ``k`` is Carter-Wegman's (1979) over the prime
-``p = 2^31 - 1``::
+Each hash pair on int64 keys ``k`` is a Carter-Wegman (1979) polynomial over
+the prime ``p = 2^31 - 1``::
 
     x = k                                 (k < p)
     x = (f * (k div p) + k mod p) mod p   (larger keys: the high part is hashed into the key)
-    bucket(k) = ((a x + b) mod p) mod cols
+    bucket(k) = (((a2 x + a1) mod p) x + a0) mod p  mod cols
     sign(k)   = 1 - 2 (((((s3 x + s2) mod p) x + s1) mod p x + s0) mod p  mod 2)
 
-(the sign from a degree-3 polynomial, 4-wise independent). Folding the high
+The bucket polynomial is of degree 2 (3-wise independent), not the linear
+``(a x + b) mod p``: a linear hash maps an arithmetic progression of keys (the
+offsets ``0 .. unit_len - 1``) to buckets whose differences depend on the
+keys' difference only, and for some ``a`` a short lattice vector ``a d = m cols
+(mod p)`` makes many units share a bucket; either clumps a unit's collisions
+into whole rows at once. The sign is of degree 3 (4-wise independent). Folding the high
 part with a random ``f`` makes two keys collide with probability at most
 ``1/p`` before the bucket hash, so keys beyond ``2^31`` get buckets as
 independent as the others (adding a chunk id instead would shift a key's
@@ -50,8 +55,9 @@ P = 2**31 - 1
 class KeyHash:
     """One universal (bucket, sign) pair on non-negative int64 keys."""
 
-    a: int
-    b: int
+    a2: int
+    a1: int
+    a0: int
     s3: int
     s2: int
     s1: int
@@ -66,7 +72,8 @@ class KeyHash:
         return (self.fold * high + (keys - high * P)) % P
 
     def bucket(self, keys: Any, cols: int, bound: int) -> Any:
-        return ((self.a * self.field(keys, bound) + self.b) % P) % cols
+        x = self.field(keys, bound)
+        return ((((self.a2 * x + self.a1) % P) * x + self.a0) % P) % cols
 
     def sign(self, ops: ModuleType, keys: Any, dtype: str, bound: int) -> Any:
         x = self.field(keys, bound)
@@ -86,7 +93,7 @@ class HashFamily:
     def draw(cls, rows: int, cols: int, seed: int, name: str = "", step: int = 0) -> "HashFamily":
         """Coefficients from ``seed`` mixed with the tensor's name and the step (equal on all ranks)."""
         entropy = [seed & 0xFFFFFFFF, zlib.crc32(name.encode()), step & 0xFFFFFFFF, step >> 32 & 0xFFFFFFFF]
-        coeffs = np.random.default_rng(np.random.SeedSequence(entropy)).integers(1, P, size=(2, rows, 7))
+        coeffs = np.random.default_rng(np.random.SeedSequence(entropy)).integers(1, P, size=(2, rows, 8))
         unit, offset = ([KeyHash(*(int(c) for c in row)) for row in part] for part in coeffs)
         return cls(tuple(unit), tuple(offset), cols)
 
