@@ -208,9 +208,13 @@ class TopK(Store):
 
     It loses the ``n - k`` smallest squares, the least any store of ``k``
     entries can lose. Costs 12 bytes per kept entry (int64 index, float32 value).
+    A row-sparse residual keeps its ``k / row length`` rows of largest norm, as rows
+    (``ri``, ``rv``): error feedback whose support stays bounded however many rows
+    the residuals of earlier steps touched.
     """
 
     name: ClassVar[str] = "topk"
+    row_sparse: ClassVar[bool] = True
     ratio: float = 0.1
 
     def __post_init__(self) -> None:
@@ -221,10 +225,20 @@ class TopK(Store):
         return min(n, max(1, math.ceil(self.ratio * n)))
 
     def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
-        dense = ops.scatter(numel(ops.shape(like)), state["i"], state["v"])
-        return ops.reshape(ops.cast(dense, ops.dtype_name(like)), ops.shape(like)), None
+        dtype = ops.dtype_name(values_of(like))
+        shape = tuple(like.dense_shape) if isinstance(like, RowSparse) else ops.shape(like)
+        if "ri" in state:
+            return RowSparse(state["ri"], ops.cast(state["rv"], dtype), shape), None
+        dense = ops.scatter(numel(shape), state["i"], state["v"])
+        return ops.reshape(ops.cast(dense, dtype), shape), None
 
     def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+        if isinstance(residual, RowSparse):
+            row_len = numel(residual.dense_shape[1:])
+            rows = ops.reshape(residual.values, (-1, row_len))
+            kept = ops.topk_abs(ops.reduce_sum(rows * rows, axis=1), -(-self.k(numel(residual.dense_shape)) // row_len))
+            return {"ri": ops.gather(ops.cast(residual.indices, "int64"), kept),
+                    "rv": ops.cast(ops.reshape(ops.gather(rows, kept), (-1, *residual.dense_shape[1:])), "float32")}
         flat = ops.flatten(residual)
         index = ops.topk_abs(flat, self.k(numel(ops.shape(residual))))
         return {"i": index, "v": ops.cast(ops.gather(flat, index), "float32")}

@@ -4,7 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from hvdsketch.compress import RowSparse, TensorContext, create
+from hvdsketch.compress.sketch import SparseSketch
 from hvdsketch.exchange import Flight
 from hvdsketch.memory import Memory
 from tests.peer_cases import lockstep
@@ -31,7 +35,7 @@ def residual_rows(memory: Memory, name: str) -> set[int]:
     if "e" in slot:
         e = np.asarray(slot["e"]).reshape(SHAPE[0], -1)
         return set(np.flatnonzero(np.any(e != 0, axis=1)).tolist())
-    return set(np.asarray(slot["i"]).tolist())
+    return set(np.asarray(slot["ri" if "ri" in slot else "i"]).tolist())
 
 
 def reduce_by_op(pending):
@@ -66,3 +70,35 @@ def test_residual_support_stays_within_what_was_sent_or_held(flag, sparse):
             allowed = held[r] | set(sent[r].tolist())
             assert now <= allowed, f"step {step} rank {r}: residual on rows {sorted(now - allowed)[:5]} never sent"
             held[r] = now
+
+
+@dataclass(frozen=True)
+class Spy(SparseSketch):
+    """The sketch, noting the kind of tensor each exchange is given."""
+
+    seen: ClassVar[list] = []
+
+    def exchange(self, tensor, ctx):
+        Spy.seen.append(type(tensor))
+        return (yield from super().exchange(tensor, ctx))
+
+
+@pytest.mark.parametrize("store", ["fp32", "topk:ratio=0.05", "sketch:ratio=0.2"])
+def test_row_sparse_gradients_stay_row_sparse_through_error_feedback(store):
+    """The exchanger hands a row-sparse gradient to the sketch as rows although a memory keeps its
+    residual; fp32 keeps every row the residual has, topk:ratio the rows of largest norm (at most
+    ratio x elements: a bounded support however many rows earlier steps touched), sketch its cells."""
+    from hvdsketch.collectives.mpi import MPICommunicator
+    from hvdsketch.memory import create as create_memory
+    from tests.peer_cases import exchanger
+
+    memory = create_memory(store)
+    steps = exchanger(MPICommunicator(), {"emb": Spy(error=1.0)}, memory)
+    Spy.seen.clear()
+    for step in range(4):
+        rows = rows_of(50 * step, 40)
+        out = steps.exchange({"emb": RowSparse(rows, gradient(rows, step)[rows], SHAPE)})["emb"]
+        assert step == 0 or isinstance(out, RowSparse)
+        if store.startswith("topk") and step > 0:  # the first exchange is dense: nothing left out
+            assert 0 < len(residual_rows(memory, "emb")) <= int(np.ceil(0.05 * SHAPE[0]))
+    assert Spy.seen == [RowSparse] * 4
