@@ -16,11 +16,15 @@ as ``compression=`` to ``hvd.DistributedOptimizer`` or
 * a count of payload bytes sent against the dense bytes, :meth:`report`.
 
 Horovod's drop-in path shows neither the tensor's name nor the step. The
-object counts its calls per shape instead (every rank makes the same calls in
-the same order) and passes the count as the step, so hash seeds change with
-every call; per-tensor state (the sketch's planned size) is kept by shape.
-Inside ``tf.function`` the call is traced once, so the traced graph keeps the
-step and plan of its tracing.
+object infers both, alike on every rank: a step is a run of ``compress`` calls
+(Horovod compresses every gradient of a step before it decompresses any), so a
+``compress`` after a ``decompress`` starts the next step; within a step the
+``k``-th tensor of a shape is named ``shape(...)#k`` (ranks produce their
+gradients of one shape in the same order). So hash seeds change every step and
+tensors of one shape keep their own state (the sketch's planned size: an
+embedding and an output layer of one shape are sized apart). Inside
+``tf.function`` the call is traced once, so the traced graph keeps the step
+and plan of its tracing.
 """
 from __future__ import annotations
 
@@ -50,7 +54,9 @@ class DropInCompression:
                 f"go into Horovod's compression= argument; use hvdsketch's DistributedOptimizer / "
                 f"DistributedGradientTape with compression={str(self.compressor)!r}")
         self._digest = zlib.crc32(str(self.compressor).encode())
-        self._calls: dict[tuple[int, ...], int] = {}  # shape -> compress calls so far (the step)
+        self.step = 0
+        self._of_shape: dict[tuple[int, ...], int] = {}  # shape -> tensors of it compressed this step
+        self._decompressed = False  # since the last compress: the next compress starts a step
         self.bytes_sent = 0
         self.bytes_dense = 0
 
@@ -59,9 +65,12 @@ class DropInCompression:
         shape = ops.shape(tensor)
         if not ops.is_floating(tensor) or 0 in shape:
             return tensor, None
-        step = self._calls.get(shape, 0)
-        self._calls[shape] = step + 1
-        ctx = TensorContext(name=f"shape{shape}", shape=shape, step=step)
+        if self._decompressed:
+            self.step, self._decompressed = self.step + 1, False
+            self._of_shape.clear()
+        k = self._of_shape.get(shape, 0)
+        self._of_shape[shape] = k + 1
+        ctx = TensorContext(name=f"shape{shape}#{k}", shape=shape, step=self.step)
         flight = Flight(self.compressor, tensor, ctx)
         (message,) = flight.messages
         payload = message.tensor
@@ -73,6 +82,7 @@ class DropInCompression:
         return payload, (flight, ctx, ops.shape(message.tensor), dtype)
 
     def decompress(self, tensor: Any, state: Any) -> Any:
+        self._decompressed = True
         if state is None:
             return tensor
         flight, ctx, message_shape, dtype = state

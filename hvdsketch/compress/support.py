@@ -56,11 +56,6 @@ class Layout:
         """True when the last unit is shorter than the others (a vector not a multiple of the block)."""
         return self.units * self.unit_len != self.numel
 
-    @property
-    def rows(self) -> bool:
-        """True when units are whole rows of a matrix (so unit values can form a :class:`RowSparse`)."""
-        return not self.ragged and self.unit_len > 0
-
     def coordinates(self, ops: ModuleType, units: Any) -> Any:
         """Flat indices of every element of the given units (int64)."""
         coords = ops.outer_add(units * self.unit_len, ops.arange(self.unit_len, like=units))
@@ -96,8 +91,8 @@ def count_units(tensor: Any, layout: Layout) -> int:
 def from_units(ops: ModuleType, layout: Layout, units: Any, values: Any, shape: Sequence[int],
                row_sparse: bool) -> Any:
     """The tensor of ``shape`` holding ``values`` (``len(units) x unit_len``) at ``units``, zero
-    elsewhere: a :class:`RowSparse` when ``row_sparse`` (and the units are rows), else dense."""
-    if row_sparse and layout.rows:
+    elsewhere: a :class:`RowSparse` when ``row_sparse`` and the units are rows (a matrix's), else dense."""
+    if row_sparse and len(shape) >= 2:
         return RowSparse(units, ops.reshape(values, (-1, *shape[1:])), tuple(shape))
     coords = ops.outer_add(units * layout.unit_len, ops.arange(layout.unit_len, like=units))
     flat = ops.scatter(layout.units * layout.unit_len, coords, ops.flatten(values))

@@ -317,3 +317,26 @@ def test_float_bitmap_makes_one_averaged_message_for_horovods_drop_in_path():
     g = sparse_rows(3, shape=(1000, 8), rows=6, integer=True)
     (message,), _ = sketch.one_message().compress(g, TensorContext("w", g.shape))
     assert message.op == "average" and message.tensor.shape == (1000 + 50 * 8 * 4,)
+
+
+def test_drop_in_path_infers_steps_and_sizes_tensors_of_one_shape_apart():
+    """Horovod compresses a step's gradients, then decompresses them: a compress after a decompress is
+    the next step (new hash seeds), and the k-th tensor of a shape within a step keeps its own plan, so a
+    dense output layer of the embedding's shape goes dense while the embedding is sketched."""
+    from hvdsketch.dropin import DropInCompression
+
+    shape = (4000, 16)
+    embedding = sparse_rows(1, shape=shape, rows=20)
+    output = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    compression = DropInCompression("sketch:error=0.5")
+    sizes = []
+    for step in range(3):
+        sent = [compression.compress(g) for g in (embedding, output)]
+        assert [ctx[1].name for _, ctx in sent] == [f"shape{shape}#0", f"shape{shape}#1"]
+        assert all(ctx[1].step == step for _, ctx in sent)
+        sizes.append([payload.size for payload, _ in sent])
+        outs = [compression.decompress(payload, ctx) for payload, ctx in sent]
+        np.testing.assert_allclose(outs[1], output, rtol=1e-6)  # dense, exactly
+    dense = output.size + 2  # two tags ride on float32 payloads
+    assert sizes[0] == [dense, dense]  # each tensor's first exchange is dense
+    assert sizes[1][1] == sizes[2][1] == dense and sizes[1][0] == sizes[2][0] < dense / 4
