@@ -86,6 +86,7 @@ class Sent:
     units: Any = None
     values: Any = None
     hashed: list | None = None  # per sketch row: (buckets, signs) of this rank's units
+    hashes: HashFamily | None = None
     union: int | None = None    # units in the reduced bitmap, once recovered
 
 
@@ -272,11 +273,12 @@ class SparseSketch(Compressor):
             return [Message(ops.flatten(dense), "average")], Sent(None, row_sparse, dtype)
         layout = plan.layout
         ops, units, unit_values = units_of(tensor, layout)
-        hashed = hash_units(ops, self.hashes(plan, ctx), layout, units, dtype)
+        hashes = self.hashes(plan, ctx)
+        hashed = hash_units(ops, hashes, layout, units, dtype)
         cells = sketch_cells(ops, plan.cols, hashed, unit_values)
         wire = self.wire or dtype
         cells = ops.cast(cells, wire)
-        sent = Sent(plan, row_sparse, dtype, units, unit_values, hashed)
+        sent = Sent(plan, row_sparse, dtype, units, unit_values, hashed, hashes)
         if self.bitmap == "float":
             return [Message(ops.concat([ops.indicator(layout.units, units, wire), cells]), "average")], sent
         return [Message(ops.pack_bits(ops.indicator(layout.units, units, "uint8")), "bor"),
@@ -315,6 +317,6 @@ class SparseSketch(Compressor):
         union = ops.positive(bitmap if self.bitmap == "float" else ops.unpack_bits(bitmap)[:layout.units])
         sent.union = None if ops.is_symbolic(union) else ops.shape(union)[0]
         sent.hashed = None  # this rank's own hashes are not needed any more
-        hashed = hash_units(ops, self.hashes(plan, ctx), layout, union, sent.dtype)
+        hashed = hash_units(ops, sent.hashes, layout, union, sent.dtype)
         estimate = recover(ops, plan.cols, hashed, cells, layout.unit_len)
         return from_units(ops, layout, union, estimate, ctx.shape, sent.row_sparse)

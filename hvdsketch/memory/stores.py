@@ -149,10 +149,13 @@ class Fp32(Store):
 
     def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
         if isinstance(residual, RowSparse):  # its rows, but those left exactly zero
-            rows = ops.reshape(residual.values, (-1, numel(residual.dense_shape[1:])))
+            indices, values = ops.cast(residual.indices, "int64"), residual.values
+            rows = ops.reshape(values, (-1, numel(residual.dense_shape[1:])))
             kept = ops.nonzero_rows(rows)
-            return {"i": ops.gather(ops.cast(residual.indices, "int64"), kept),
-                    "v": ops.cast(ops.reshape(ops.gather(rows, kept), (-1, *residual.dense_shape[1:])), "float32")}
+            if ops.shape(kept)[0] < ops.shape(rows)[0]:
+                indices = ops.gather(indices, kept)
+                values = ops.reshape(ops.gather(rows, kept), (-1, *residual.dense_shape[1:]))
+            return {"i": indices, "v": ops.cast(values, "float32")}
         return {"e": ops.cast(residual, "float32")}
 
     def nbytes(self, shape: Sequence[int]) -> int:
