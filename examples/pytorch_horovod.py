@@ -15,7 +15,7 @@ import hvdsketch.torch
 from hvdsketch.lab.workloads import get
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--compression", default="sketch:error=0.5,density=0.05")
+parser.add_argument("--compression", default="sketch:error=0.5")
 parser.add_argument("--steps", type=int, default=50)
 parser.add_argument("--lr", type=float, default=1.0)
 args = parser.parse_args()

@@ -18,7 +18,7 @@ import hvdsketch.tensorflow  # noqa: E402
 from hvdsketch.lab.workloads import get  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--compression", default="sketch:error=0.5,density=0.05")
+parser.add_argument("--compression", default="sketch:error=0.5")
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--lr", type=float, default=1.0)
 args = parser.parse_args()

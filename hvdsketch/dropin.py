@@ -19,8 +19,16 @@ as ``compression=`` to ``hvd.DistributedOptimizer`` or
 * bfloat16 tensors, which Horovod cannot reduce, carried as float32;
 * a count of payload bytes sent against the dense bytes, :meth:`report`.
 
-Horovod's drop-in path shows neither the tensor's name nor the step, so hash
-seeds come from the base seed and the shape.
+Horovod's drop-in path shows neither the tensor's name nor the step. The
+object infers both, alike on every rank: a step is a run of ``compress`` calls
+(Horovod compresses every gradient of a step before it decompresses any), so a
+``compress`` after a ``decompress`` starts the next step; within a step the
+``k``-th tensor of a shape is named ``shape(...)#k`` (ranks produce their
+gradients of one shape in the same order). So hash seeds change every step and
+tensors of one shape keep their own state (the sketch's planned size: an
+embedding and an output layer of one shape are sized apart). Inside
+``tf.function`` the call is traced once, so the traced graph keeps the step
+and plan of its tracing.
 """
 from __future__ import annotations
 
@@ -55,14 +63,15 @@ class DropInCompression:
             raise _spec.SpecError("hvdsketch: auto chooses a compressor per tensor and step, which Horovod's "
                                   "compression= cannot carry; use it with hvdsketch's DistributedOptimizer / "
                                   "DistributedGradientTape (compression='auto')")
-        self.compressor = create(compressor)
+        self.compressor = create(compressor).one_message()
         if not self.compressor.drop_in:
             raise ValueError(
                 f"hvdsketch: {str(self.compressor)!r} needs more than one averaged allreduce, so it cannot "
                 f"go into Horovod's compression= argument; use hvdsketch's DistributedOptimizer / "
-                f"DistributedGradientTape with compression={str(self.compressor)!r}"
-                + (", or fix the sketch's size with density= (e.g. sketch:density=0.05)"
-                   if self.compressor.name == "sketch" else ""))
+                f"DistributedGradientTape with compression={str(self.compressor)!r}")
+        self.step = 0
+        self._of_shape: dict[tuple[int, ...], int] = {}  # shape -> tensors of it compressed this step
+        self._decompressed = False  # since the last compress: the next compress starts a step
         self.bytes_sent = 0
         self.bytes_dense = 0
 
@@ -71,10 +80,15 @@ class DropInCompression:
         shape = ops.shape(tensor)
         if not ops.is_floating(tensor) or 0 in shape:
             return tensor, None
+        if self._decompressed:
+            self.step, self._decompressed = self.step + 1, False
+            self._of_shape.clear()
+        k = self._of_shape.get(shape, 0)
+        self._of_shape[shape] = k + 1
         given, carried = tensor, CARRIED_AS.get(ops.dtype_name(tensor))
         if carried:
             tensor = ops.cast(tensor, carried)
-        ctx = TensorContext(name=f"shape{shape}", shape=shape)
+        ctx = TensorContext(name=f"shape{shape}#{k}", shape=shape, step=self.step)
         flight = Flight(self.compressor, tensor, ctx)
         (message,) = flight.messages
         payload = message.tensor
@@ -87,6 +101,7 @@ class DropInCompression:
     def decompress(self, tensor: Any, state: Any) -> Any:
         """The averaged gradient, after checking (one host sync per tensor: Horovod's path has no
         step boundary to check all tensors at once) that it is finite and the tags agreed."""
+        self._decompressed = True
         if state is None:
             return tensor
         flight, ctx, message_shape, dtype, given = state
@@ -156,7 +171,7 @@ class CompressionNamespace:
 
     @classmethod
     def sketch(cls, **options: Any) -> DropInCompression:
-        """The sparse-sketch; options as in :class:`hvdsketch.compress.sketch.SparseSketch`.
-        Horovod's path has room for one allreduce, so the union bound is fixed in advance:
-        ``density`` defaults to 0.05 here (the fraction of rows non-zero across all ranks)."""
-        return cls.drop_in(create("sketch", **{"density": 0.05, **options}))
+        """The sparse-sketch; options as in :class:`hvdsketch.compress.sketch.SparseSketch`, its
+        bitmap riding in the averaged message. Each shape's first exchange is dense (or sized from
+        ``density=``), later ones sized from the union the previous one showed."""
+        return cls.drop_in(create("sketch", **options))

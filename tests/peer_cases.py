@@ -35,9 +35,11 @@ class Case:
     low_rank: int | None = None  # the average over ranks then has at most this rank
     memory: bool = False  # error feedback from a residual memory given to the exchanger
     exact: bool = False  # the result must equal the dense average
+    rows: int | None = None  # only this many rows non-zero (each rank and step its own), else dense
 
     def __str__(self) -> str:
-        return f"{self.flag}{list(self.shape)}{'+memory' if self.memory else ''}"
+        sparse = f"/{self.rows}rows" if self.rows else ""
+        return f"{self.flag}{list(self.shape)}{sparse}{'+memory' if self.memory else ''}"
 
 
 CASES = [
@@ -55,6 +57,15 @@ CASES = [
     Case("randomk:ratio=1", (97,), exact=True),
     Case("dgc:ratio=1,sample=1", exact=True),
     Case("powersgd:rank=3", (40, 24), low_rank=3, exact=True),
+    Case("union", (400, 8), rows=30, exact=True),
+    Case("union", (3000,), rows=2, exact=True),  # a vector: blocks of 256 elements as units
+    Case("allgather", (400, 8), rows=30, exact=True),
+    Case("allgather", (400, 8), exact=True),  # dense: gathered once, then dense
+    Case("allgather:wire=float16", (400, 8), rows=30, memory=True),
+    Case("union:error=2,rows=3", (400, 8), rows=30, memory=True),
+    Case("sketch:error=0.5,rows=3", (2000, 8), rows=20),
+    Case("sketch:error=1", (2000, 8), rows=20, memory=True),  # float16 cells: unit tests (sums round by order)
+    Case("sketch:error=0.5,block=16", (4096,), rows=40, memory=True),  # a vector: blocks, a dense residual
 ]
 
 
@@ -102,6 +113,11 @@ def gradient(rank: int, step: int, case: Case, seed: int = 11) -> np.ndarray:
     """Rank ``rank``'s float32 gradient at ``step``; with ``low_rank`` r, ``A_rank B`` with ``B``
     shared by all ranks, so the average has rank <= r."""
     rng = np.random.default_rng([seed, rank, step])
+    if case.rows is not None:  # a vector's "rows" are elements
+        g = np.zeros(case.shape, np.float32)
+        rows = g.reshape(case.shape[0], -1)
+        rows[rng.choice(case.shape[0], case.rows, replace=False)] = rng.standard_normal((case.rows, rows.shape[1]))
+        return g
     if case.low_rank is None:
         return rng.standard_normal(case.shape).astype(np.float32)
     shared = np.random.default_rng([seed, step]).standard_normal((case.low_rank, case.shape[1]))
@@ -118,6 +134,8 @@ def reduce_in_process(messages: Sequence[Message]) -> Any:
     ops = backend(tensors[0])
     if messages[0].op == "allgather":
         return ops.concat(tensors)
+    if messages[0].op == "bor":
+        return ops.bitwise_or_rows(ops.stack(tensors))
     if messages[0].op in ("average", "sum"):
         total = ops.reduce_sum(ops.stack(tensors), axis=0)
         return total / len(tensors) if messages[0].op == "average" else total

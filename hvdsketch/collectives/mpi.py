@@ -38,8 +38,14 @@ Dense schedules (the sparse ones are in :mod:`hvdsketch.collectives.sparse`):
   every rank), then a ring allgather of the rows.
 
 :class:`MPICommunicator` also implements the :class:`~hvdsketch.collectives.Communicator`
-protocol (``reduce(messages)``) for numpy arrays, fusing messages of one op and dtype
-into one collective, with the same stats labels as the Horovod communicator.
+protocol (``start(messages, name)``), fusing messages of one op and dtype into one
+collective, with the same stats labels as the Horovod communicator, so hvdsketch's
+optimizers can train over it (``collectives="mpi"``). It takes numpy arrays and
+any back-end's tensors: tensors in host memory travel as numpy views of their
+memory and come back as tensors sharing the results' memory (no copies), tensors
+on an accelerator are staged through host memory; ``bfloat16`` messages travel
+as bfloat16 on the wire. Ranks match its collectives by the order of calls, not
+by name (``ordered``), so the exchanger launches them in one order on every rank.
 """
 from __future__ import annotations
 
@@ -52,6 +58,7 @@ from mpi4py import MPI
 
 from hvdsketch.collectives.stats import CommStats
 from hvdsketch.compress.base import Message
+from hvdsketch.ops import backend
 
 T = TypeVar("T")
 #: A collective: yields the requests of each round of messages, returns its result.
@@ -304,6 +311,11 @@ class MPICommunicator:
     the same order (each call takes the next tag, so concurrent calls never mix messages).
     """
 
+    #: Collectives match across ranks by the order of calls, not by name.
+    ordered = True
+    #: The bitwise OR is a ring allreduce (bytes constant in N), not an allgather.
+    ring_bor = True
+
     def __init__(self, comm: MPI.Intracomm | None = None) -> None:
         self.comm = (comm or MPI.COMM_WORLD).Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
@@ -334,39 +346,40 @@ class MPICommunicator:
         """All ranks' ``x`` concatenated along dimension 0, and each rank's row count."""
         return self.launch(label, lambda w: allgatherv(w, x))
 
-    def start(self, messages: Sequence[Message], name: str = "") -> Batch[list[np.ndarray]]:
+    def start(self, messages: Sequence[Message], name: str = "") -> Batch[list[Any]]:
         """Start reducing each message by its op; one fused allreduce per (op, dtype) (the
         :class:`~hvdsketch.collectives.Communicator` protocol; ranks match by the order of calls,
-        so ``name`` only labels)."""
+        so ``name`` only labels). Results are of each message's kind: numpy arrays, or tensors on
+        the message tensor's device."""
         for m in messages:
-            if not isinstance(m.tensor, np.ndarray):
-                raise ValueError(f"hvdsketch: MPICommunicator reduces numpy arrays, got {type(m.tensor).__name__}")
             if m.op not in PROTOCOL_REDUCTIONS and m.op != "allgather":
                 raise ValueError(f"hvdsketch: unknown reduction op {m.op!r}; valid: average, sum, max, allgather, bor")
-        groups: dict[tuple[str, str], list[int]] = {}
-        for i, m in enumerate(messages):
+        hosted = [_on_host(m.tensor) for m in messages]
+        groups: dict[tuple[str, str, str | None], list[int]] = {}
+        for i, (m, (array, wire)) in enumerate(zip(messages, hosted)):
             if m.op != "allgather":
-                groups.setdefault((m.op, m.tensor.dtype.str), []).append(i)
+                groups.setdefault((m.op, array.dtype.str, wire), []).append(i)
         handles, parts = [], []
-        for (op, _), picked in groups.items():
-            fused = np.concatenate([messages[i].tensor.reshape(-1) for i in picked])
+        for (op, _, wire), picked in groups.items():
+            fused = np.concatenate([hosted[i][0].reshape(-1) for i in picked])
             label = "bor" if op == "bor" else f"allreduce.{op}"
-            handles.append(self.iallreduce(fused, PROTOCOL_REDUCTIONS[op], label=label))
+            handles.append(self.iallreduce(fused, PROTOCOL_REDUCTIONS[op], wire=wire, label=label))
             parts.append(picked)
         for i, m in enumerate(messages):
             if m.op == "allgather":
-                handles.append(self.iallgatherv(m.tensor))
+                handles.append(self.iallgatherv(hosted[i][0]))
                 parts.append([i])
 
-        def combine(results: list[Any]) -> list[np.ndarray]:
+        def combine(results: list[Any]) -> list[Any]:
             out: list[Any] = [None] * len(messages)
             for picked, result in zip(parts, results):
                 if messages[picked[0]].op == "allgather":
-                    out[picked[0]] = result[0]
+                    out[picked[0]] = _like(result[0], messages[picked[0]].tensor)
                     continue
-                sizes = [messages[i].tensor.size for i in picked]
+                sizes = [hosted[i][0].size for i in picked]
                 for i, flat in zip(picked, np.split(result, np.cumsum(sizes)[:-1])):
-                    out[i] = self._finish(messages[i], flat.reshape(messages[i].tensor.shape))
+                    summed = self._finish(messages[i], flat.reshape(hosted[i][0].shape))
+                    out[i] = _like(summed, messages[i].tensor)
             return out
 
         return Batch(handles, combine)
@@ -381,3 +394,25 @@ class MPICommunicator:
     def free(self) -> None:
         """Release the duplicated communicator (collective)."""
         self.comm.Free()
+
+
+def _on_host(tensor: Any) -> tuple[np.ndarray, str | None]:
+    """A message tensor as a C-contiguous numpy array and its wire format: a view of a host tensor's
+    memory, a host copy of an accelerator's; bfloat16 (which numpy lacks) as float32 that travels as
+    bfloat16."""
+    if isinstance(tensor, np.ndarray):
+        return np.ascontiguousarray(tensor), None
+    ops = backend(tensor)
+    if ops.dtype_name(tensor) == "bfloat16":
+        return np.ascontiguousarray(ops.to_numpy(ops.cast(tensor, "float32"))), "bfloat16"
+    return np.ascontiguousarray(ops.to_numpy(tensor)), None
+
+
+def _like(result: np.ndarray, message: Any) -> Any:
+    """A result as the message's kind: the array itself, or a tensor sharing its memory on the host
+    (copied to an accelerator), in the message's dtype."""
+    if isinstance(message, np.ndarray):
+        return result
+    ops = backend(message)
+    out = ops.adopt(result, message)
+    return ops.cast(out, "bfloat16") if ops.dtype_name(message) == "bfloat16" else out

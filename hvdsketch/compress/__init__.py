@@ -6,6 +6,7 @@ compressor; :data:`REGISTRY` maps every flag name to its class.
 from __future__ import annotations
 
 from hvdsketch import spec as _spec
+from hvdsketch.compress.allgather import Allgather
 from hvdsketch.compress.base import Compressor, Message, Round, TensorContext
 from hvdsketch.compress.dense import HalfPrecision, NoCompression
 from hvdsketch.compress.dgc import DeepGradientCompression
@@ -17,9 +18,10 @@ from hvdsketch.compress.sketch import SparseSketch
 from hvdsketch.compress.support import Layout, RowSparse
 from hvdsketch.compress.terngrad import TernGrad
 from hvdsketch.compress.topk import TopK
+from hvdsketch.compress.union import Union
 
 REGISTRY: dict[str, type[Compressor]] = {
-    cls.name: cls for cls in (NoCompression, HalfPrecision, SparseSketch,
+    cls.name: cls for cls in (NoCompression, HalfPrecision, SparseSketch, Union, Allgather,
                               TopK, RandomK, DeepGradientCompression, QSGD, TernGrad, EFSignSGD, PowerSGD)
 }
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Generator, Literal, Mapping, Sequence
 
 from hvdsketch.compress.state import Convert, export_state, import_state
+from hvdsketch.compress.support import RowSparse
 
 Op = Literal["average", "sum", "max", "allgather", "bor"]
 
@@ -92,6 +93,11 @@ class Compressor(ABC):
     #: the exchanger keeps a float32 residual for it when the user gives no residual memory.
     feedback: ClassVar[bool] = False
 
+    def one_message(self) -> "Compressor":
+        """This method in the form whose exchange is one averaged message (:attr:`drop_in`), for
+        Horovod's ``compression=``; itself when it is that already (or has no such form)."""
+        return self
+
     def prepare(self, tensor: Any, ctx: TensorContext) -> Any:
         """The tensor that error feedback compensates: the gradient itself, except for methods
         that transform it first (DGC's clipping and momentum correction)."""
@@ -105,6 +111,8 @@ class Compressor(ABC):
 
     def residual(self, tensor: Any, messages: Sequence[Message], state: Any, ctx: TensorContext) -> Any:
         """What ``messages`` leave out of ``tensor``: ``tensor - estimate``, dense (``None``: nothing)."""
+        if isinstance(tensor, RowSparse):  # the estimate is dense
+            tensor = tensor.to_dense()
         return tensor - self.estimate(messages, state, ctx)
 
     def estimate(self, messages: Sequence[Message], state: Any, ctx: TensorContext) -> Any:

@@ -1,18 +1,43 @@
-"""Carter-Wegman hashing in int64 without overflow, identical on every rank and back-end.
+"""Count-sketch hashes in int64 without overflow, identical on every rank and back-end.
 
-Bucket (universal family of Carter & Wegman, 1979)::
+A tensor is cut into *units* of ``unit_len`` elements (rows of a matrix,
+blocks of a vector: :class:`hvdsketch.compress.support.Layout`), so element
+``i`` is the pair ``(unit u, offset o)``. Each sketch row ``j`` draws two
+independent universal hash pairs, one on units and one on offsets, and
+combines them::
 
-    bucket_j(i) = (((a_j * k + b_j) mod p) + c) mod p mod cols
+    bucket_j(u, o) = (hu_j(u) + ho_j(o)) mod cols        sign_j(u, o) = su_j(u) * so_j(o)
 
-and sign from a degree-3 polynomial (4-wise independent)::
+This is a valid count sketch with the collision probability of a fully random
+one: two elements of different units collide when ``hu(u1) - hu(u2) = ho(o2) -
+ho(o1) (mod cols)``, probability ``1/cols`` for a pairwise independent
+``hu``; two of one unit when ``ho(o1) = ho(o2)``, ``1/cols`` too; and the sign
+of a pair is unbiased, ``E[s(i) s(k)] = 0``, whenever either factor differs.
+What it saves is work: the modular arithmetic runs once per touched unit and
+once per offset, and each element costs one addition, one reduction and one
+multiplication.
 
-    h_j(i) = (((s3 * k + s2) mod p * k + s1) mod p * k + s0 + c) mod p,  sign = 1 - 2 (h mod 2)
+Each hash pair on int64 keys ``k`` is a Carter-Wegman (1979) polynomial over
+the prime ``p = 2^31 - 1``::
 
-with p = 2^31 - 1, k = i mod p and c = i div p, so coordinates of tensors
-longer than 2^31 fall into distinct chunks. Every coefficient is below 2^31
-and every product is reduced mod p before the next multiply, so no
-intermediate exceeds 2^62. Only the coordinates actually touched are hashed;
-nothing is precomputed per coordinate.
+    x = k                                 (k < p)
+    x = (f * (k div p) + k mod p) mod p   (larger keys: the high part is hashed into the key)
+    bucket(k) = (((a2 x + a1) mod p) x + a0) mod p  mod cols
+    sign(k)   = 1 - 2 (((((s3 x + s2) mod p) x + s1) mod p x + s0) mod p  mod 2)
+
+The bucket polynomial is of degree 2 (3-wise independent), not the linear
+``(a x + b) mod p``: a linear hash maps an arithmetic progression of keys (the
+offsets ``0 .. unit_len - 1``) to buckets whose differences depend on the
+keys' difference only, and for some ``a`` a short lattice vector ``a d = m cols
+(mod p)`` makes many units share a bucket; either clumps a unit's collisions
+into whole rows at once. The sign is of degree 3 (4-wise independent). Folding the high
+part with a random ``f`` makes two keys collide with probability at most
+``1/p`` before the bucket hash, so keys beyond ``2^31`` get buckets as
+independent as the others (adding a chunk id instead would shift a key's
+bucket by one per chunk: correlated). Every coefficient is below ``2^31`` and
+every product is reduced mod p before the next multiply, so no intermediate
+exceeds ``2^62``. Only the units actually touched are hashed; nothing is
+precomputed per element.
 """
 from __future__ import annotations
 
@@ -27,30 +52,73 @@ P = 2**31 - 1
 
 
 @dataclass(frozen=True)
-class HashFamily:
-    """``rows`` independent (bucket, sign) hash pairs onto ``cols`` columns."""
+class KeyHash:
+    """One universal (bucket, sign) pair on non-negative int64 keys."""
 
-    coefficients: tuple[tuple[int, ...], ...]  # per row: a, b, s3, s2, s1, s0
+    a2: int
+    a1: int
+    a0: int
+    s3: int
+    s2: int
+    s1: int
+    s0: int
+    fold: int
+
+    def field(self, keys: Any, bound: int) -> Any:
+        """``keys`` (all below ``bound``) as elements of GF(p), the high part folded in."""
+        if bound <= P:
+            return keys
+        high = keys // P
+        return (self.fold * high + (keys - high * P)) % P
+
+    def bucket(self, keys: Any, cols: int, bound: int) -> Any:
+        x = self.field(keys, bound)
+        return ((((self.a2 * x + self.a1) % P) * x + self.a0) % P) % cols
+
+    def sign(self, ops: ModuleType, keys: Any, dtype: str, bound: int) -> Any:
+        x = self.field(keys, bound)
+        h = ((((self.s3 * x + self.s2) % P) * x + self.s1) % P * x + self.s0) % P
+        return ops.cast(1 - 2 * (h % 2), dtype)
+
+
+@dataclass(frozen=True)
+class HashFamily:
+    """``rows`` independent (bucket, sign) hashes of ``(unit, offset)`` pairs onto ``cols`` columns."""
+
+    units: tuple[KeyHash, ...]
+    offsets: tuple[KeyHash, ...]
     cols: int
 
     @classmethod
     def draw(cls, rows: int, cols: int, seed: int, name: str = "", step: int = 0) -> "HashFamily":
         """Coefficients from ``seed`` mixed with the tensor's name and the step (equal on all ranks)."""
-        entropy = [seed & 0xFFFFFFFF, zlib.crc32(name.encode()), step & 0xFFFFFFFF]
-        coeffs = np.random.default_rng(np.random.SeedSequence(entropy)).integers(1, P, size=(rows, 6))
-        return cls(tuple(tuple(int(c) for c in row) for row in coeffs), cols)
+        entropy = [seed & 0xFFFFFFFF, zlib.crc32(name.encode()), step & 0xFFFFFFFF, step >> 32 & 0xFFFFFFFF]
+        coeffs = np.random.default_rng(np.random.SeedSequence(entropy)).integers(1, P, size=(2, rows, 8))
+        unit, offset = ([KeyHash(*(int(c) for c in row)) for row in part] for part in coeffs)
+        return cls(tuple(unit), tuple(offset), cols)
 
     @property
     def rows(self) -> int:
-        return len(self.coefficients)
+        return len(self.units)
 
-    def bucket(self, ops: ModuleType, row: int, coords: Any) -> Any:
-        a, b, *_ = self.coefficients[row]
-        key, chunk = coords % P, coords // P
-        return (((a * key + b) % P + chunk) % P) % self.cols
+    def buckets(self, ops: ModuleType, row: int, units: Any, unit_len: int, bound: int) -> Any:
+        """Flat buckets of every element of ``units`` (int64, row-major: unit by unit), for units
+        numbered below ``bound``."""
+        offsets = self.offsets[row].bucket(ops.arange(unit_len, like=units), self.cols, unit_len)
+        return ops.outer_add(self.units[row].bucket(units, self.cols, bound), offsets) % self.cols
 
-    def sign(self, ops: ModuleType, row: int, coords: Any, dtype: str) -> Any:
-        _, _, s3, s2, s1, s0 = self.coefficients[row]
-        key, chunk = coords % P, coords // P
-        h = ((((s3 * key + s2) % P) * key + s1) % P * key + s0 + chunk) % P
-        return ops.cast(1 - 2 * (h % 2), dtype)
+    def signs(self, ops: ModuleType, row: int, units: Any, unit_len: int, dtype: str, bound: int) -> Any:
+        """Flat signs (``dtype``, +-1) of every element of ``units``, row-major as :meth:`buckets`."""
+        offsets = self.offsets[row].sign(ops, ops.arange(unit_len, like=units), dtype, unit_len)
+        return ops.flatten(ops.reshape(self.units[row].sign(ops, units, dtype, bound), (-1, 1))
+                           * ops.reshape(offsets, (1, -1)))
+
+    def element_buckets(self, ops: ModuleType, row: int, units: Any, offsets: Any, unit_len: int, bound: int) -> Any:
+        """Buckets of the elements ``(units[k], offsets[k])`` (the same as :meth:`buckets` gives them)."""
+        return (self.units[row].bucket(units, self.cols, bound) + self.offsets[row].bucket(offsets, self.cols, unit_len)
+                ) % self.cols
+
+    def element_signs(self, ops: ModuleType, row: int, units: Any, offsets: Any, unit_len: int, dtype: str,
+                      bound: int) -> Any:
+        """Signs of the elements ``(units[k], offsets[k])`` (the same as :meth:`signs` gives them)."""
+        return self.units[row].sign(ops, units, dtype, bound) * self.offsets[row].sign(ops, offsets, dtype, unit_len)

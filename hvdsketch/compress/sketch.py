@@ -1,77 +1,148 @@
-"""The compressed collective sparse-sketch (Ge et al., IEEE JSAC 41(4), 2023; "S2 Reducer").
+"""The compressed collective sparse-sketch (Ge et al., IEEE JSAC 41(4), 2023; "S2 Reducer"), in one round.
 
 Each rank marks which *support units* of its gradient hold a non-zero — rows
 of a tensor of rank >= 2, blocks of ``block`` elements of a vector — in a
 bitmap, and adds every coordinate ``i`` of those units into a count sketch
-``S`` of ``rows x cols`` cells (Charikar et al., 2002)::
+``S`` of ``rows x cols`` cells (Charikar et al., 2002; hashes in
+:mod:`hvdsketch.compress.hashing`)::
 
     S[j, bucket_j(i)] += sign_j(i) * g[i]            for every row j
 
 Count sketches with shared hashes are linear, ``S(a) + S(b) = S(a + b)``, so
-one averaging allreduce of the sketches yields the sketch of the averaged
-gradient, and the OR of the bitmaps gives the union support. Every rank then
-recovers::
+one averaging allreduce of the cells yields the sketch of the averaged
+gradient, and the OR of the bitmaps the union support. Both leave together,
+in one round, with no round before them; every rank then recovers::
 
     g_avg[i] ~= median_j  sign_j(i) * S_avg[j, bucket_j(i)]     for i in the union
 
-For one row the relative L2 error of the recovery is about
-``sqrt(nnz / cols)`` (collisions add the energy of ``nnz / cols`` other
-coordinates to each cell), so the sketch is sized from an error target
-against the union's non-zeros: ``cols = nnz_union / error^2``. By default the
-union itself comes first: one bitwise-OR reduction of the bitmaps packed to
-bits (``units / 8`` bytes a tensor) gives every rank the same union, then the
-sketch sized for it travels alone in one averaging allreduce. Ranks' supports
-overlap (frequent words are in every rank's batch), so the union is smaller
-than the sum of the ranks' counts: 66% of it for the LSTM's embedding at 4
-ranks, less at more. With the ``density`` option the union is bounded in
-advance by ``density * units`` and the bitmap rides in the same averaged
-message as the cells (one float per unit, > 0 meaning present): one
-allreduce in all, as Horovod's drop-in path and ``tf.function`` need. When the
-sketch would not be smaller than the tensor, the tensor is sent dense; both
-sizings use numbers every rank shares, so every rank makes the same choice. A
-tensor the union sends dense is sent dense without the bitmap round until its
-``recheck``-th exchange from then (every rank counts the same exchanges), so a
-dense-gradient model pays that round once in ``recheck`` steps, not every
-step.
+(for an even number of rows, the mean of the two middle values).
 
+**Sizing.** For one row the relative L2 error of the recovery is about
+``sqrt(nnz_union / cols)``, so the sketch of a union of ``U`` units of
+``unit_len`` needs ``cols = U unit_len / error^2``. The current union is
+known only after the round, so the plan comes from numbers every rank shares
+already (:mod:`hvdsketch.compress.sizing`): the union the previous step's
+reduced bitmap showed, times ``headroom``, quantized to powers of ``grow`` so
+message sizes repeat across steps. The first exchange of a tensor is sized
+from ``density`` if given, else sent dense (and its dense average shows the
+union). A union that outgrows its plan is seen alike by every rank in the
+reduced bitmap: that step's recovery is less accurate (error feedback returns
+what this rank's sketch missed) and the next step resizes. When cells and
+bitmap would not be smaller than the tensor, it is sent dense, decided alike
+on every rank; such a tensor stays dense without counting for ``recheck``
+exchanges.
+
+**Bitmap.** ``bitmap=bits`` sends it packed, 8 units per byte, as a bitwise-OR
+message beside the cells (a ring in the MPI layer; an allgather in Horovod,
+which has no OR). ``bitmap=float`` puts one float per unit (> 0: present) in
+front of the cells in one averaged message: what Horovod's drop-in
+``compression=`` and NCCL carry. Cells may travel as ``wire=float16`` or
+``bfloat16``.
+
+**Error feedback.** What this rank's own cells leave out is computed on this
+rank's own units only (its values minus its own sketch's estimate of them),
+returned row-sparse for matrices: a residual never spreads to units this rank
+did not send, however many collisions the union's recovery has.
+
+**Cost.** Buckets and signs are hashed per unit and per offset, and combined
+per element with one addition and one multiplication; only the units this
+rank holds are hashed when sketching, and only the union's when recovering.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
+from hvdsketch.compress import sizing
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
 from hvdsketch.compress.hashing import HashFamily
 from hvdsketch.compress.state import private_state
-from hvdsketch.compress.support import Layout, RowSparse
+from hvdsketch.compress.support import Layout, RowSparse, count_units, from_units, units_of, values_of
 from hvdsketch.ops import backend
+
+#: ``compress``'s default plan: the one the compressor's state gives for this exchange.
+NEXT = "next"
 
 
 @dataclass(frozen=True)
 class SketchPlan:
-    """A sketch of ``cols`` columns over ``layout``."""
+    """A sketch of ``cols`` columns per row over ``layout``, sized for a union of ``bound`` units."""
 
     layout: Layout
     cols: int
+    bound: int | None
+
+
+@dataclass
+class Sent:
+    """What a rank sent in one exchange, for its residual and the recovery."""
+
+    plan: SketchPlan | None
+    row_sparse: bool
+    dtype: str
+    units: Any = None
+    values: Any = None
+    hashed: list | None = None  # per sketch row: (buckets, signs) of this rank's units
+    hashes: HashFamily | None = None
+    union: int | None = None    # units in the reduced bitmap, once recovered
+
+
+def hash_units(ops: ModuleType, hashes: HashFamily, layout: Layout, units: Any, dtype: str) -> list[tuple[Any, Any]]:
+    """Per sketch row, the buckets and signs of every element of ``units`` (row-major)."""
+    return [(hashes.buckets(ops, j, units, layout.unit_len, layout.units),
+             hashes.signs(ops, j, units, layout.unit_len, dtype, layout.units)) for j in range(hashes.rows)]
+
+
+def sketch_cells(ops: ModuleType, cols: int, hashed: list[tuple[Any, Any]], values: Any) -> Any:
+    """The ``rows x cols`` cells, flat, of the elements ``values`` whose buckets and signs are ``hashed``."""
+    flat = ops.flatten(values)
+    return ops.concat([ops.scatter_add(cols, buckets, signs * flat) for buckets, signs in hashed])
+
+
+def recover(ops: ModuleType, cols: int, hashed: list[tuple[Any, Any]], cells: Any, unit_len: int) -> Any:
+    """The median over rows of ``sign * cell`` for every hashed element, as ``units x unit_len``."""
+    rows = ops.split(cells, [cols] * len(hashed))
+    estimates = [signs * ops.gather(row, buckets) for row, (buckets, signs) in zip(rows, hashed)]
+    return ops.reshape(median(ops, estimates), (-1, unit_len))
+
+
+def median(ops: ModuleType, xs: Sequence[Any]) -> Any:
+    """Element-wise median of equal-shaped tensors; for an even count, the mean of the two middle
+    values. Up to three without sorting: ``median(a, b, c) = max(min(a, b), min(max(a, b), c))``."""
+    if len(xs) == 1:
+        return xs[0]
+    if len(xs) == 2:
+        return (xs[0] + xs[1]) / 2
+    if len(xs) == 3:
+        pair = ops.stack(xs[:2])
+        low, high = ops.reduce_min(pair, axis=0), ops.reduce_max(pair, axis=0)
+        return ops.reduce_max(ops.stack([low, ops.reduce_min(ops.stack([high, xs[2]]), axis=0)]), axis=0)
+    ordered, middle = ops.sort0(ops.stack(xs)), len(xs) // 2
+    return ordered[middle] if len(xs) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 @dataclass(frozen=True)
 class SparseSketch(Compressor):
-    """Count sketch of the non-zeros plus a bitmap of their units, in one averaged allreduce.
+    """Count sketch of the non-zeros plus a bitmap of their units, in one round sized in advance.
 
     Options (flag ``sketch:key=value,...``):
-      rows     hash rows; recovery takes the median over rows (default 1)
-      error    target relative L2 error of the recovery, sizes cols = nnz_union/error^2
-      density  a fixed bound on the fraction of units non-zero in the union of all ranks;
-               unset (default), the ranks OR their bitmaps first each step and size the
-               sketch for the union, so dense tensors go dense and sparse ones get a fitting sketch
-      ratio    if set, size the sketch as this fraction of the tensor instead
-      block    elements per support unit for vectors (default 256)
-      seed     base hash seed, equal on every rank (default 0)
-      recheck  with density unset: a tensor the ranks found dense is sent dense without the
-               bitmap round until every recheck-th exchange (default 16; 1: every time)
+      rows      hash rows; recovery takes the median over rows (default 1)
+      error     target relative L2 error of the recovery: cols = bound * unit_len / error^2 (default 0.5)
+      density   the first exchange's bound on the fraction of units in the union; unset (default),
+                a tensor's first exchange is dense and later ones are sized from the union seen last
+      ratio     size the sketch as this fraction of the tensor instead, the same every step
+      headroom  factor on the union seen last when sizing the next step (default 1.1)
+      grow      planned sizes are powers of this factor, so message sizes repeat (default 1.25)
+      wire      cells travel as float16, bfloat16 or float32 (default: the tensor's dtype)
+      bitmap    bits (packed, OR-reduced beside the cells; default) or float (one float per unit in
+                the cells' averaged message: one message, as Horovod's drop-in path needs)
+      block     elements per support unit for vectors (default 256)
+      seed      base hash seed, equal on every rank (default 0)
+      recheck   a tensor found not worth sketching is sent dense for this many exchanges before its
+                union is counted again (default 16)
     """
 
     name: ClassVar[str] = "sketch"
@@ -81,10 +152,15 @@ class SparseSketch(Compressor):
     error: float = 0.5
     density: float | None = None
     ratio: float | None = None
+    headroom: float = 1.1
+    grow: float = 1.25
+    wire: str | None = None
+    bitmap: str = "bits"
     block: int = 256
     seed: int = 0
     recheck: int = 16
-    _dense_for: dict = private_state()  # tensor name -> exchanges left that go dense at once (equal on every rank)
+    _levels: dict = private_state()     # tensor name -> planned level (equal on every rank)
+    _dense_for: dict = private_state()  # tensor name -> exchanges left that go dense at once
 
     def __post_init__(self) -> None:
         if self.rows < 1:
@@ -95,6 +171,13 @@ class SparseSketch(Compressor):
             raise ValueError("density must be in [0, 1]")
         if self.ratio is not None and not 0 < self.ratio <= 1:
             raise ValueError("ratio must be in (0, 1]")
+        if self.headroom < 1:
+            raise ValueError("headroom must be >= 1")
+        if self.grow <= 1:
+            raise ValueError("grow must be > 1")
+        sizing.check_wire(self.wire)
+        if self.bitmap not in ("bits", "float"):
+            raise ValueError("bitmap must be bits or float")
         if self.block < 1:
             raise ValueError("block must be >= 1")
         if self.recheck < 1:
@@ -102,120 +185,138 @@ class SparseSketch(Compressor):
 
     @property
     def drop_in(self) -> bool:  # type: ignore[override]
-        """One allreduce carries the exchange only when the sketch is sized in advance."""
-        return self.density is not None or self.ratio is not None
+        """One averaged message carries the exchange when the bitmap rides in it as floats."""
+        return self.bitmap == "float"
 
-    def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
-        """With ``density`` unset: first OR the ranks' bitmaps into the union, then send the sketch
-        sized for it, or the dense tensor."""
-        if self.drop_in:
-            return (yield from super().exchange(tensor, ctx))
-        left = self._dense_for.pop(ctx.name, 0)
-        if left > 1:
-            self._dense_for[ctx.name] = left - 1
-            return (yield from self._send(tensor, ctx, plan=None))
-        layout = Layout.of(ctx.shape, self.block)
-        found = self._nonzeros(tensor, layout)
-        ops, support = found[:2]
-        if ops.is_symbolic(support):
-            raise ValueError("hvdsketch: inside tf.function the sketch cannot agree on its size each step; "
-                             "give it a fixed bound, e.g. sketch:density=0.05")
-        (bits,) = yield Round([Message(ops.pack_bits(ops.indicator(layout.units, support, "uint8")), "bor")])
-        union = ops.positive(ops.unpack_bits(bits)[:layout.units])
-        plan = self.plan(ctx.shape, ops.shape(union)[0])
-        if plan is None:
-            if self.recheck > 1:
-                self._dense_for[ctx.name] = self.recheck
-            return (yield from self._send(tensor, ctx, plan=None))
-        return (yield from self._send(tensor, ctx, plan=plan, union=union, found=found))
+    def one_message(self) -> "SparseSketch":
+        return self if self.drop_in else dataclasses.replace(self, bitmap="float")
 
-    def _send(self, tensor: Any, ctx: TensorContext, **options: Any) -> Exchange:
-        """The last round: the cells (or the dense tensor) as :meth:`compress` makes them with ``options``."""
-        messages, state = self.compress(tensor, ctx, **options)
-        reduced = yield Round(messages, lambda: self.residual(tensor, messages, state, ctx))
-        return self.decompress(reduced, state, ctx)
+    # -- sizing -----------------------------------------------------------------------------------
 
-    def plan(self, shape: Sequence[int], units_bound: int | None = None) -> SketchPlan | None:
-        """The sketch for a tensor of ``shape`` whose union has at most ``units_bound`` non-zero
-        units (default: ``density`` of them), or ``None`` when dense is no larger."""
+    def plan(self, shape: Sequence[int], bound: int | None = None, dtype: str = "float32") -> SketchPlan | None:
+        """The sketch of a ``dtype`` tensor of ``shape`` whose union has at most ``bound`` units
+        (default: ``density`` of them), or ``None`` when dense is no larger."""
         layout = Layout.of(shape, self.block)
         if self.ratio is not None:
             cols = math.ceil(self.ratio * layout.numel / self.rows)
         else:
-            if units_bound is None:
+            if bound is None:
                 if self.density is None:
-                    raise ValueError("the sketch's size is agreed per step; give density= to fix it in advance")
-                units_bound = math.ceil(self.density * layout.units)
-            cols = math.ceil(units_bound * layout.unit_len / self.error**2)
+                    raise ValueError("the sketch is sized from the union seen last; give density= to bound it")
+                bound = math.ceil(self.density * layout.units)
+            cols = math.ceil(max(bound, 1) * layout.unit_len / self.error**2)
         cols = max(cols, 1)
-        bitmap = layout.units if self.drop_in else 0  # floats in the averaged message; else bits sent before
-        if bitmap + self.rows * cols >= layout.numel:
+        cell = sizing.ITEMSIZE[self.wire or dtype]
+        bitmap = -(-layout.units // 8) if self.bitmap == "bits" else layout.units * cell
+        if bitmap + self.rows * cols * cell >= layout.numel * sizing.ITEMSIZE[dtype]:
             return None
-        return SketchPlan(layout, cols)
+        return SketchPlan(layout, cols, bound)
+
+    def next_plan(self, ctx: TensorContext, dtype: str) -> tuple[SketchPlan | None, bool]:
+        """This exchange's plan from the state every rank shares (``None``: dense), and whether its
+        dense result is to be counted (to size the exchanges after it)."""
+        if self.ratio is not None:
+            return self.plan(ctx.shape, None, dtype), False
+        dense, learn = sizing.latched(self._dense_for, ctx.name)
+        if dense:
+            return None, learn
+        units = Layout.of(ctx.shape, self.block).units
+        level = self._levels.get(ctx.name)
+        if level is not None:
+            plan = self.plan(ctx.shape, sizing.bound_of(level, self.grow, units), dtype)
+            return plan, plan is None
+        if self.density is not None:
+            return self.plan(ctx.shape, math.ceil(self.density * units), dtype), False
+        return None, True
+
+    def _learn(self, ctx: TensorContext, sent: Sent, learn: bool, result: Any) -> None:
+        """Size the next exchange from this one's union (its bitmap's, or its dense result's units)."""
+        if self.ratio is not None:
+            return
+        layout = Layout.of(ctx.shape, self.block)
+        count = sent.union if sent.plan is not None else count_units(result, layout) if learn else None
+        dense_next = False
+        if count is not None:
+            level = sizing.next_level(self._levels.get(ctx.name), count, self.headroom, self.grow)
+            self._levels[ctx.name] = level
+            dense_next = self.plan(ctx.shape, sizing.bound_of(level, self.grow, layout.units), sent.dtype) is None
+        sizing.release(self._dense_for, ctx.name, dense_next, self.recheck)
 
     def hashes(self, plan: SketchPlan, ctx: TensorContext) -> HashFamily:
         return HashFamily.draw(self.rows, plan.cols, self.seed, ctx.name, ctx.step)
 
-    # -- compress ---------------------------------------------------------
+    # -- the exchange -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _nonzeros(tensor: Any, layout: Layout) -> tuple[ModuleType, Any, Any, Any]:
-        """``(ops, support, coords, values)``: the non-zero units, their coordinates and values."""
-        if isinstance(tensor, RowSparse):
-            ops = backend(tensor.values)
-            support, values = ops.coalesce_rows(tensor.indices, tensor.values)
-            return ops, support, layout.coordinates(ops, support), ops.flatten(values)
-        ops = backend(tensor)
-        flat = ops.flatten(tensor)
-        padded = ops.pad(flat, layout.units * layout.unit_len - layout.numel)
-        support = ops.nonzero_rows(ops.reshape(padded, (layout.units, layout.unit_len)))
-        coords = layout.coordinates(ops, support)
-        return ops, support, coords, ops.gather(flat, coords)
+    def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
+        """One round: bitmap and cells sized from the state (or the dense tensor); then the state
+        learns this step's union for the next."""
+        values = values_of(tensor)
+        ops = backend(values)
+        plan, learn = self.next_plan(ctx, ops.dtype_name(values))
+        messages, sent = self.compress(tensor, ctx, plan)
+        reduced = yield Round(messages, lambda: self.residual(tensor, messages, sent, ctx))
+        result = self.decompress(reduced, sent, ctx)
+        if not ops.is_symbolic(values):  # inside tf.function the plan stays the one traced
+            self._learn(ctx, sent, learn, result)
+        return result
 
-    def compress(self, tensor: Any, ctx: TensorContext, plan: SketchPlan | None | str = "fixed",
-                 union: Any = None, found: tuple | None = None) -> tuple[list[Message], Any]:
-        """The sketch cells, after the bitmap unless the ranks' ``union`` support is known already
-        (or the dense tensor when ``plan`` is ``None``); ``plan`` defaults to the one fixed by the
-        options; ``found``: the tensor's :meth:`_nonzeros`, when the caller has them already."""
-        plan = self.plan(ctx.shape) if plan == "fixed" else plan
+    def compress(self, tensor: Any, ctx: TensorContext, plan: SketchPlan | None | str = NEXT
+                 ) -> tuple[list[Message], Sent]:
+        """The bitmap and cells of ``plan`` (default: the state's next), or the dense tensor for ``None``."""
         row_sparse = isinstance(tensor, RowSparse)
+        values = values_of(tensor)
+        ops, dtype = backend(values), backend(values).dtype_name(values)
+        if plan == NEXT:
+            plan = self.next_plan(ctx, dtype)[0]
         if plan is None:
             dense = tensor.to_dense() if row_sparse else tensor
-            return [Message(backend(dense).flatten(dense), "average")], (plan, row_sparse, None)
-        layout = Layout.of(ctx.shape, self.block)
-        ops, support, coords, values = found or self._nonzeros(tensor, layout)
-        dtype = ops.dtype_name(values)
-        hashes = self.hashes(plan, ctx)
-        cells = ops.concat([ops.scatter_add(plan.cols, hashes.bucket(ops, j, coords),
-                                            hashes.sign(ops, j, coords, dtype) * values)
-                            for j in range(self.rows)])
-        if union is not None:
-            return [Message(cells, "average")], (plan, row_sparse, union)
-        bitmap = ops.indicator(layout.units, support, dtype)
-        return [Message(ops.concat([bitmap, cells]), "average")], (plan, row_sparse, None)
-
-    # -- decompress -------------------------------------------------------
-
-    def decompress(self, reduced: Sequence[Any], state: tuple[SketchPlan | None, bool, Any],
-                   ctx: TensorContext) -> Any:
-        """The averaged gradient on the union support; a :class:`RowSparse` one for row-sparse input."""
-        plan, row_sparse, union = state
-        ops = backend(reduced[-1])
-        dtype = ops.dtype_name(reduced[-1])
-        if plan is None:
-            return ops.reshape(reduced[0], ctx.shape)
+            return [Message(ops.flatten(dense), "average")], Sent(None, row_sparse, dtype)
         layout = plan.layout
-        if union is not None:
-            support, payload = union, reduced[0]
-        else:
-            bitmap, payload = ops.split(reduced[0], [layout.units, plan.cols * self.rows])
-            support = ops.positive(bitmap)
-        cells = ops.split(payload, [plan.cols] * self.rows)
-        coords = layout.coordinates(ops, support)
+        ops, units, unit_values = units_of(tensor, layout)
         hashes = self.hashes(plan, ctx)
-        estimates = ops.stack([hashes.sign(ops, j, coords, dtype) * ops.gather(cells[j], hashes.bucket(ops, j, coords))
-                               for j in range(self.rows)])
-        median = estimates[0] if self.rows == 1 else ops.sort0(estimates)[(self.rows - 1) // 2]
-        if row_sparse:
-            return RowSparse(support, ops.reshape(median, (-1, *ctx.shape[1:])), tuple(ctx.shape))
-        return ops.reshape(ops.scatter(layout.numel, coords, median), ctx.shape)
+        hashed = hash_units(ops, hashes, layout, units, dtype)
+        cells = sketch_cells(ops, plan.cols, hashed, unit_values)
+        wire = self.wire or dtype
+        cells = ops.cast(cells, wire)
+        sent = Sent(plan, row_sparse, dtype, units, unit_values, hashed, hashes)
+        if self.bitmap == "float":
+            return [Message(ops.concat([ops.indicator(layout.units, units, wire), cells]), "average")], sent
+        return [Message(ops.pack_bits(ops.indicator(layout.units, units, "uint8")), "bor"),
+                Message(cells, "average")], sent
+
+    def _cells(self, ops: ModuleType, messages: Sequence[Any], sent: Sent) -> tuple[Any, Any]:
+        """``(bitmap, cells)`` of the messages (sent or reduced); cells in the tensor's dtype."""
+        layout, plan = sent.plan.layout, sent.plan
+        if self.bitmap == "float":
+            bitmap, cells = ops.split(messages[0], [layout.units, plan.cols * self.rows])
+        else:
+            bitmap, cells = messages
+        return bitmap, ops.cast(cells, sent.dtype)
+
+    def residual(self, tensor: Any, messages: Sequence[Message], sent: Sent, ctx: TensorContext) -> Any:
+        """This rank's values minus its own cells' estimate of them, on its own units only: row-sparse
+        for matrices (no rows at all when the tensor went dense, exactly)."""
+        if sent.plan is None:
+            ops = backend(messages[0].tensor)
+            layout = Layout.of(ctx.shape, self.block)
+            return from_units(ops, layout, ops.zeros(0, "int64", messages[0].tensor),
+                              ops.zeros((0, layout.unit_len), sent.dtype, messages[0].tensor), ctx.shape, row_sparse=True)
+        ops = backend(sent.values)
+        _, cells = self._cells(ops, [m.tensor for m in messages], sent)
+        layout = sent.plan.layout
+        missed = sent.values - recover(ops, sent.plan.cols, sent.hashed, cells, layout.unit_len)
+        return from_units(ops, layout, sent.units, missed, ctx.shape, row_sparse=True)
+
+    def decompress(self, reduced: Sequence[Any], sent: Sent, ctx: TensorContext) -> Any:
+        """The averaged gradient on the union support; a :class:`RowSparse` one for row-sparse input."""
+        ops = backend(reduced[-1])
+        if sent.plan is None:
+            return ops.reshape(reduced[0], ctx.shape)
+        plan, layout = sent.plan, sent.plan.layout
+        bitmap, cells = self._cells(ops, reduced, sent)
+        union = ops.positive(bitmap if self.bitmap == "float" else ops.unpack_bits(bitmap)[:layout.units])
+        sent.union = None if ops.is_symbolic(union) else ops.shape(union)[0]
+        sent.hashed = None  # this rank's own hashes are not needed any more
+        hashed = hash_units(ops, sent.hashes, layout, union, sent.dtype)
+        estimate = recover(ops, plan.cols, hashed, cells, layout.unit_len)
+        return from_units(ops, layout, union, estimate, ctx.shape, sent.row_sparse)

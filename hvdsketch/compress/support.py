@@ -4,7 +4,9 @@ An embedding's gradient (``nn.Embedding(sparse=True)``, ``tf.IndexedSlices``)
 arrives as the rows it touched, :class:`RowSparse`; sparse methods keep it that
 way end to end. A :class:`Layout` cuts any tensor into *support units* (rows of
 a tensor of rank >= 2, blocks of elements of a vector), the granularity at
-which bitmaps mark non-zeros.
+which bitmaps mark non-zeros; :func:`units_of` finds a gradient's non-zero
+units and their values, :func:`from_units` puts values of units back into a
+tensor of the gradient's kind.
 """
 from __future__ import annotations
 
@@ -50,13 +52,53 @@ class Layout:
             return cls(numel, shape[0], numel // shape[0])
         return cls(numel, -(-numel // block), block)
 
+    @property
+    def ragged(self) -> bool:
+        """True when the last unit is shorter than the others (a vector not a multiple of the block)."""
+        return self.units * self.unit_len != self.numel
+
     def coordinates(self, ops: ModuleType, units: Any) -> Any:
         """Flat indices of every element of the given int64 ``units``, on their device (a host sync
         only where the last unit is partial: how many of its coordinates exist depends on the units)."""
-        coords = ops.outer_add(units * self.unit_len, ops.arange(self.unit_len, units))
-        if self.units * self.unit_len == self.numel:
-            return coords
-        return ops.where_less(coords, self.numel)
+        coords = ops.outer_add(units * self.unit_len, ops.arange(self.unit_len, like=units))
+        return ops.where_less(coords, self.numel) if self.ragged else coords
+
+    def matrix(self, ops: ModuleType, flat: Any) -> Any:
+        """The flat tensor as ``units x unit_len``, zero-padded if ragged (a view when it is not)."""
+        if self.ragged:
+            flat = ops.pad(flat, self.units * self.unit_len - self.numel)
+        return ops.reshape(flat, (self.units, self.unit_len))
+
+
+def units_of(tensor: Any, layout: Layout) -> tuple[ModuleType, Any, Any]:
+    """``(ops, units, values)``: the sorted int64 indices of the units of ``tensor`` (dense, or
+    :class:`RowSparse`, whose rows given twice are summed) that hold a non-zero, and their values
+    as a ``len(units) x unit_len`` matrix (zero-padded past a ragged end)."""
+    if isinstance(tensor, RowSparse):
+        ops = backend(tensor.values)
+        units, values = ops.coalesce_rows(tensor.indices, tensor.values)
+        return ops, units, ops.reshape(values, (-1, layout.unit_len))
+    ops = backend(tensor)
+    matrix = layout.matrix(ops, ops.flatten(tensor))
+    units = ops.nonzero_rows(matrix)
+    return ops, units, ops.gather(matrix, units)
+
+
+def count_units(tensor: Any, layout: Layout) -> int:
+    """How many units of the dense ``tensor`` hold a non-zero (a host sync)."""
+    ops = backend(tensor)
+    return ops.shape(ops.nonzero_rows(layout.matrix(ops, ops.flatten(tensor))))[0]
+
+
+def from_units(ops: ModuleType, layout: Layout, units: Any, values: Any, shape: Sequence[int],
+               row_sparse: bool) -> Any:
+    """The tensor of ``shape`` holding ``values`` (``len(units) x unit_len``) at ``units``, zero
+    elsewhere: a :class:`RowSparse` when ``row_sparse`` and the units are rows (a matrix's), else dense."""
+    if row_sparse and len(shape) >= 2:
+        return RowSparse(units, ops.reshape(values, (-1, *shape[1:])), tuple(shape))
+    coords = ops.outer_add(units * layout.unit_len, ops.arange(layout.unit_len, like=units))
+    flat = ops.scatter(layout.units * layout.unit_len, coords, ops.flatten(values))
+    return ops.reshape(flat[:layout.numel] if layout.ragged else flat, shape)
 
 
 def values_of(tensor: Any) -> Any:

@@ -30,13 +30,13 @@ def digest(text: str, bits: int = 62) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> (64 - bits)
 
 
-def verify(communicator: Communicator, description: str, ops: ModuleType, like: Any = None) -> None:
-    """Fail on every rank unless all ranks pass the same ``description``.
+def verify(communicator: Communicator, description: str, ops: ModuleType) -> None:
+    """Fail on every rank unless all ranks pass the same ``description`` (its digest travels in host
+    memory: control, not gradient data).
 
     Works eagerly (raises :class:`AgreementError`) and inside ``tf.function`` (an assertion op).
-    ``like``: a tensor whose device the digest is made on.
     """
-    local = ops.constant([digest(description)], "int64", like)
+    local = ops.host_constant([digest(description)], "int64")
     (gathered,) = reduce(communicator, [Message(local, "allgather")], "hvdsketch.agreement")
     ops.check_all_equal(
         gathered, f"hvdsketch: ranks run different compression setups or models (rank "

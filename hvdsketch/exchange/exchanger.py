@@ -29,6 +29,13 @@ input would let TensorFlow fold the collective into the graph, leaving a
 retraced rank alone in it); the setup was agreed eagerly when first traced.
 Horovod reduces no bfloat16 tensor, so bfloat16 gradients are exchanged as
 float32 and handed back as bfloat16.
+
+A communicator that matches collectives by the order of calls rather than by
+name (``communicator.ordered``: the MPI layer) gets its rounds in one canonical
+order on every rank (:mod:`~hvdsketch.exchange.ordering`): the adapter names
+the tensors of a step with :meth:`Exchanger.expect` (``exchange`` names its
+own), and a round waits in a queue until every round before it in that order
+has been launched.
 """
 from __future__ import annotations
 
@@ -42,11 +49,14 @@ from hvdsketch.compress.support import values_of
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
 from hvdsketch.exchange.flight import Flight
+from hvdsketch.exchange.ordering import LaunchOrder
 from hvdsketch.exchange.watchdog import Watchdog
 from hvdsketch.memory import Fp32, Memory
 from hvdsketch.ops import backend
 
 Reduction = Literal["average", "sum"]
+#: The handle of a round waiting in the launch order's queue.
+QUEUED = object()
 
 
 
@@ -89,7 +99,9 @@ class Exchanger:
         #: True once :meth:`verify` has run.
         self.verified = False
         self._dense = create("none")
-        self._flights: dict[str, tuple[Flight, Handle | None]] = {}  # handle None: done
+        self._flights: dict[str, tuple[Flight, Any]] = {}  # handle None: done; QUEUED: not launched yet
+        self._expected: list[str] | None = None
+        self._launch: LaunchOrder | None = None
         self._inputs: list[tuple[Any, TensorContext]] = []
         self._tag: Handle | None = None
         self._traced = False  # this step's tensors are symbolic (tf.function tracing)
@@ -102,16 +114,21 @@ class Exchanger:
 
     # -- setup ------------------------------------------------------------------------------------
 
-    def verify(self, tensors: Sequence[tuple[str, tuple[int, ...]]], ops: Any, like: Any = None) -> None:
+    def verify(self, tensors: Sequence[tuple[str, tuple[int, ...]]], ops: Any) -> None:
         """Check once that every rank runs the same policy, memory and ``tensors`` (names and shapes,
         in the order the adapter knows them, which orders the policy's view of a step); the digest
         is part of every step's check from here on."""
         self.order = {name: i for i, (name, _) in enumerate(tensors)}
         layout = ";".join(f"{name}:{tuple(shape)}" for name, shape in tensors)
         full = f"{self.policy}|{self.memory}|{self.op}|{self.sparse_as_dense}|{layout}"
-        agreement.verify(self.communicator, full, ops, like)
+        agreement.verify(self.communicator, full, ops)
         self._setup = agreement.digest(full, bits=40)
         self.verified = True
+
+    def expect(self, names: Sequence[str]) -> None:
+        """The tensors every step exchanges, in the order their rounds are launched where the
+        communicator needs one order on every rank (gradient-ready order is best: backward's)."""
+        self._expected = list(names)
 
     @property
     def in_flight(self) -> list[str]:
@@ -132,8 +149,11 @@ class Exchanger:
         values = values_of(tensor)
         ops = backend(values)
         traced = self._traced = ops.is_symbolic(values)
-        if self._tag is None and not traced:
-            self._tag = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup)])
+        if not self._flights:  # the step's first tensor
+            if not traced:
+                self._tag = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup)])
+            ordered = getattr(self.communicator, "ordered", False) and self._expected is not None
+            self._launch = LaunchOrder(self._expected) if ordered else None
         self._given[name] = values
         dtype = ops.dtype_name(values)
         if dtype in CARRIED_AS:
@@ -144,8 +164,8 @@ class Exchanger:
                             self.communicator.rank)
         compressor = self._dense if is_passthrough(tensor) else self.policy.compressor(ctx)
         memory = self._memory_for(compressor)
-        if isinstance(tensor, RowSparse) and (self.sparse_as_dense or not compressor.row_sparse
-                                              or (memory is not None and memory.keeps(name))):
+        if isinstance(tensor, RowSparse) and (self.sparse_as_dense or not compressor.row_sparse or (
+                memory is not None and memory.keeps(name) and not memory.takes_rows(name))):
             tensor = tensor.to_dense()
         if memory is not None and traced:
             raise ValueError(f"hvdsketch: {compressor} with residual memory keeps its state between steps in "
@@ -157,7 +177,7 @@ class Exchanger:
         narrow = [ops.dtype_name(m.tensor) for m in flight.messages if ops.dtype_name(m.tensor) in NARROW]
         if narrow:
             self._narrow[name] = (narrow[0], str(compressor))
-        self._flights[name] = (flight, self._send_round(flight))
+        self._submit(name, flight)
         flight.settle()
 
     def finish(self) -> dict[str, Any]:
@@ -171,6 +191,8 @@ class Exchanger:
             with self.watchdog.watching(self._stalled):
                 if tag is not None:  # before any gradient: ranks running other setups start other collectives
                     self._check_step(self._wait(tag, "the step check")[0])
+                if self._launch is not None:
+                    self._finish_in_order()
                 while any(handle is not None for _, handle in self._flights.values()):
                     for name, (flight, handle) in list(self._flights.items()):
                         if handle is not None:
@@ -182,6 +204,7 @@ class Exchanger:
         finally:
             for kept in (self._flights, self._given, self._narrow, self._carried):
                 kept.clear()
+            self._launch = None
         if self.op == "sum":
             results = {name: _scaled(r, self.communicator.size) for name, r in results.items()}
         self.communicator.stats.seconds["finish"] += time.perf_counter() - began
@@ -193,10 +216,17 @@ class Exchanger:
         return results
 
     def exchange(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
-        """Start and finish one step of ``tensors`` at once (where no hook can start them earlier)."""
-        for name, tensor in tensors.items():
-            self.start(name, tensor)
-        return self.finish()
+        """Start and finish one step of ``tensors`` at once (where no hook can start them earlier);
+        an ordered communicator launches them in this order unless :meth:`expect` gave one."""
+        expected = self._expected
+        if expected is None:
+            self._expected = list(tensors)
+        try:
+            for name, tensor in tensors.items():
+                self.start(name, tensor)
+            return self.finish()
+        finally:
+            self._expected = expected
 
     # -- inside a step ----------------------------------------------------------------------------
 
@@ -211,20 +241,41 @@ class Exchanger:
     def _send_round(self, flight: Flight) -> Handle:
         return self._send(f"{self.prefix}.{flight.ctx.name}.r{flight.index}", flight.messages)
 
+    def _submit(self, name: str, flight: Flight) -> None:
+        """Send ``flight``'s current round now, or, in a launch order, once the order allows."""
+        if self._launch is None:
+            self._flights[name] = (flight, self._send_round(flight))
+            return
+        self._flights[name] = (flight, QUEUED)
+        self._launch.submit(name, flight.index, lambda: self._flights.__setitem__(name, (flight, self._send_round(flight))))
+
     def _step_flight(self, name: str, flight: Flight, reduced: list[Any]) -> None:
         """Give ``flight`` its round's reduction and send its next round, if any."""
         if flight.advance(reduced):
             self._flights[name] = (flight, None)
+            if self._launch is not None:
+                self._launch.finished(name, flight.index + 1)
         else:
-            self._flights[name] = (flight, self._send_round(flight))
+            self._submit(name, flight)
             flight.settle()
 
     def _progress(self) -> None:
         """Move on, without blocking, every exchange whose early round has landed (a round that
         settles nothing yet is followed by another: PowerSGD's P, the union's bitmap)."""
         for name, (flight, handle) in list(self._flights.items()):
-            if handle is not None and flight.round.residual is None and handle.test():
+            if handle not in (None, QUEUED) and flight.round.residual is None and handle.test():
                 self._step_flight(name, flight, handle.wait())
+
+    def _finish_in_order(self) -> None:
+        """Wait, round by round in the launch order, for the round the order is held at."""
+        missing = [name for name in self._launch.names if name not in self._flights]
+        if missing:
+            raise RuntimeError(f"hvdsketch: {len(missing)} expected tensor(s) were not started this step "
+                               f"({', '.join(missing[:3])}); every rank must exchange the same tensors")
+        while not self._launch.done:
+            name = self._launch.blocker
+            flight, handle = self._flights[name]
+            self._step_flight(name, flight, self._wait(handle, name))
 
     def _wait(self, handle: Handle, waiting_for: str) -> list[Any]:
         """``handle.wait()``, blocking in the communicator; the watchdog reports a long wait."""

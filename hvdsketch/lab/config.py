@@ -29,6 +29,7 @@ class TrainConfig:
     compression: str | dict | list = "none"  # a flag, or per-tensor rules (hvdsketch.policy)
     memory: str | None = None  # residual memory flag (error feedback); path hvdsketch only
     path: Literal["hvdsketch", "horovod"] = "hvdsketch"
+    collectives: Literal["horovod", "mpi"] = "horovod"  # path hvdsketch: whose collectives move the messages
     epochs: int = 1
     steps_per_epoch: int | None = None
     optimizer: Literal["sgd", "adam"] = "sgd"

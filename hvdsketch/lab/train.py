@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(overrides ${spec.ENV_VAR} and the config)")
     parser.add_argument("--memory", help="residual memory flag, e.g. fp32 or plan:budget=0.25")
     parser.add_argument("--path", choices=["hvdsketch", "horovod"], help="whose DistributedOptimizer")
+    parser.add_argument("--collectives", choices=["horovod", "mpi"],
+                        help="path hvdsketch (PyTorch): Horovod's collectives (default) or hvdsketch's MPI layer")
     parser.add_argument("--sparse-as-dense", choices=["true", "false"],
                         help="path horovod: allreduce sparse gradients dense (true, default) or let Horovod "
                              "allgather their indices and values (false; PyTorch only)")
@@ -42,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = TrainConfig.load(args.config, workload=args.workload, compression=args.compression,
-                              memory=args.memory, path=args.path, epochs=args.epochs,
+                              memory=args.memory, path=args.path, collectives=args.collectives, epochs=args.epochs,
                               sparse_as_dense=None if args.sparse_as_dense is None else args.sparse_as_dense == "true",
                               steps_per_epoch=args.steps_per_epoch, out=args.out)
     from hvdsketch.lab.workloads import get

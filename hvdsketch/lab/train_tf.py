@@ -30,6 +30,8 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
                  else keras.optimizers.SGD(config.lr, momentum=config.momentum))
     hvd.broadcast_variables(model.variables, root_rank=0)
 
+    if config.collectives != "horovod":
+        raise SpecError("collectives: mpi trains PyTorch workloads only (hvdsketch.torch.DistributedOptimizer)")
     eager = config.memory is not None
     tapes: list[Any] = []  # hvdsketch's path: the tapes made, and the bytes each tape's exchange sent
     sent: list[int] = []  # (one step's per trace; each step's when eager)

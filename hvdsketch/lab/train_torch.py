@@ -42,7 +42,8 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
     from hvdsketch.torch import DistributedOptimizer
 
     optimizer = DistributedOptimizer(base, model.named_parameters(), compression=config.compression,
-                                     memory=config.memory, sparse_as_dense=config.densify)
+                                     memory=config.memory, sparse_as_dense=config.densify,
+                                     collectives=config.collectives)
 
     def report() -> dict[str, Any]:
         r = optimizer.report()

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
+from hvdsketch.compress.support import RowSparse
 from hvdsketch.memory.planner import DEFAULT_CANDIDATES, Plan, budget_bytes_of, solve
 from hvdsketch.memory.registry import create_store
 from hvdsketch.memory.residual import Memory
@@ -73,9 +74,14 @@ class PlannedMemory(Memory):
     def keeps(self, name: str) -> bool:
         return self.plan is None or super().keeps(name)
 
+    def takes_rows(self, name: str) -> bool:
+        return self.plan is not None and super().takes_rows(name)
+
     def update(self, name: str, residual: Any) -> None:
         if self.plan is not None:
             return super().update(name, residual)
+        if isinstance(residual, RowSparse):  # the warm-up observes dense residuals
+            residual = residual.to_dense()
         self.warmup.observe(name, residual)
         self.put(backend(residual), name, self.default, residual)
 

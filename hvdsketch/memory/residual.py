@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from hvdsketch.compress.support import RowSparse, values_of
 from hvdsketch.memory.registry import create_store
 from hvdsketch.memory.stores import Fp32, State, Store
 from hvdsketch.ops import backend
@@ -59,35 +60,46 @@ class Memory:
     # -- the ResidualMemory protocol ---------------------------------------
 
     def compensate(self, name: str, tensor: Any) -> Any:
-        """``g + e``: the tensor plus what its store gives back of the residual."""
+        """``g + e``: the tensor (dense, or :class:`RowSparse`) plus what its store gives back of the
+        residual; row-sparse when both are (the rows of both, a row given twice summed later)."""
         store = self.store(name)
         if not store.keeps:
             return tensor
-        ops = backend(tensor)
-        slot = store.slot(name, ops.shape(tensor))
-        state = self._get(ops, slot, store, tensor)
+        if isinstance(tensor, RowSparse) and not store.row_sparse:
+            tensor = tensor.to_dense()
+        ops = backend(values_of(tensor))
+        slot = store.slot(name, _shape(ops, tensor))
+        state = self._get(ops, slot, store, values_of(tensor))
         if state is None:
             return tensor
         start = time.perf_counter()
         residual, held = store.take(ops, state, name, tensor)
         self.seconds[store.name] += time.perf_counter() - start
         self._set(slot, store, held)
-        return tensor if residual is None else tensor + residual
+        return tensor if residual is None else add(tensor, residual)
 
     def keeps(self, name: str) -> bool:
         """Whether ``name``'s residual is kept at all (so the exchanger can skip computing it)."""
         return self.store(name).keeps
 
+    def takes_rows(self, name: str) -> bool:
+        """Whether ``name``'s store keeps a :class:`RowSparse` residual as rows (so a row-sparse
+        gradient can stay row-sparse through error feedback)."""
+        return self.store(name).row_sparse
+
     def update(self, name: str, residual: Any) -> None:
-        """Keep ``residual``, what this rank's messages failed to carry of the compensated tensor."""
+        """Keep ``residual`` (dense, or :class:`RowSparse`), what this rank's messages failed to carry
+        of the compensated tensor."""
         store = self.store(name)
         if store.keeps:
-            self.put(backend(residual), name, store, residual)
+            if isinstance(residual, RowSparse) and not store.row_sparse:
+                residual = residual.to_dense()
+            self.put(backend(values_of(residual)), name, store, residual)
 
     def put(self, ops: ModuleType, name: str, store: Store, residual: Any) -> None:
         """Fold ``residual`` into ``name``'s state as ``store`` keeps it."""
-        slot = store.slot(name, ops.shape(residual))
-        held = self._get(ops, slot, store, residual)
+        slot = store.slot(name, _shape(ops, residual))
+        held = self._get(ops, slot, store, values_of(residual))
         start = time.perf_counter()
         state = store.put(ops, held, residual, name)
         self.seconds[store.name] += time.perf_counter() - start
@@ -154,4 +166,25 @@ class Memory:
 
     def __str__(self) -> str:
         return self.spec
+
+
+def _shape(ops: ModuleType, tensor: Any) -> tuple[int, ...]:
+    return tuple(tensor.dense_shape) if isinstance(tensor, RowSparse) else ops.shape(tensor)
+
+
+def add(tensor: Any, residual: Any) -> Any:
+    """``tensor + residual``, either dense or :class:`RowSparse`: row-sparse when both are (their rows
+    side by side), else dense."""
+    if isinstance(tensor, RowSparse) and isinstance(residual, RowSparse):
+        ops = backend(tensor.values)
+        return RowSparse(ops.concat([ops.cast(tensor.indices, "int64"), ops.cast(residual.indices, "int64")]),
+                         ops.concat([tensor.values, residual.values]), tensor.dense_shape)
+    if isinstance(tensor, RowSparse):
+        tensor, residual = residual, tensor
+    if isinstance(residual, RowSparse):  # dense + rows: one new tensor, the rows added in place
+        ops = backend(tensor)
+        rows = ops.reshape(tensor, (ops.shape(tensor)[0], -1))
+        return ops.reshape(ops.add_rows(rows, residual.indices, ops.reshape(residual.values, (-1, ops.shape(rows)[1]))),
+                           ops.shape(tensor))
+    return tensor + residual
 

@@ -3,20 +3,24 @@
 A count sketch (Charikar et al., 2002) of ``rows x cols`` cells holds a
 vector ``e`` as ``S[j, bucket_j(i)] += sign_j(i) * e_i``. It is linear,
 ``S(a) + S(b) = S(a + b)``, so residuals can be *accumulated* in it without
-ever being materialised: this store keeps ``S_e`` instead of ``e``.
+ever being materialised: this store keeps ``S_e`` instead of ``e``, and a mark
+per support unit (rows of a matrix, blocks of a vector) that the residual has
+ever touched.
 
-Before compression it gives back only the heavy hitters: every coordinate is
-estimated as ``median_j sign_j(i) S[j, bucket_j(i)]`` and the ``k`` largest
-estimates, ``ê``, are added to the gradient; what stays behind is
+Before compression it gives back only the heavy hitters: every element of the
+marked units is estimated as ``median_j sign_j(i) S[j, bucket_j(i)]`` and the
+``k`` largest estimates, ``ê``, are added to the gradient (as rows, for a
+row-sparse gradient: no dense residual ever exists); what stays behind is
 ``S_e - S(ê)``, so mass not yet recovered is delayed, not dropped. After
-compression the new residual ``r`` is folded in: ``S_e <- S_e - S(ê) + S(r)``.
+compression the new residual ``r`` is folded in: ``S_e <- S_e - S(ê) + S(r)``,
+hashing only the units ``r`` holds (its rows, when row-sparse).
 
 Hashes come from :class:`hvdsketch.compress.hashing.HashFamily`, drawn once
-per tensor name (the sketch lives across steps, so they never change).
-Coordinates are hashed a chunk at a time, chunks being the support units of a
-:class:`hvdsketch.compress.sketch.Layout`, so no hash table the size of the
-tensor is ever built. When the sketch would not be smaller than the tensor,
-the residual is kept dense in float32.
+per tensor name (the sketch lives across steps, so they never change), on the
+units of a :class:`~hvdsketch.compress.support.Layout`; at most
+:data:`SketchStore.batch` elements are hashed at once. When the sketch would
+not be smaller than the tensor, the residual is kept in float32 (as rows when
+it comes as rows).
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ from types import ModuleType
 from typing import Any, ClassVar, Iterator, Sequence
 
 from hvdsketch.compress.hashing import HashFamily
-from hvdsketch.compress.support import Layout
+from hvdsketch.compress.sketch import hash_units, median, sketch_cells
+from hvdsketch.compress.support import Layout, RowSparse, units_of, values_of
 from hvdsketch.memory.stores import ITEMSIZE, Fp32, State, Store, numel
 
 
@@ -37,13 +42,16 @@ class SketchStore(Store):
     Options (flag ``sketch:key=value,...``):
       ratio    sketch cells (rows x cols) as a fraction of the tensor's elements (default 0.1)
       rows     hash rows; estimates take the median over rows (default 5)
-      recover  coordinates recovered per step, as a fraction of cols (default 0.1)
+      recover  elements recovered per step, as a fraction of cols (default 0.1)
       seed     base hash seed (default 0)
     """
 
     name: ClassVar[str] = "sketch"
-    #: Coordinates hashed at once.
-    chunk: ClassVar[int] = 1 << 20
+    row_sparse: ClassVar[bool] = True
+    #: Elements per support unit of a vector.
+    block: ClassVar[int] = 4096
+    #: Elements hashed at once.
+    batch: ClassVar[int] = 1 << 20
 
     ratio: float = 0.1
     rows: int = 5
@@ -65,56 +73,78 @@ class SketchStore(Store):
 
     def nbytes(self, shape: Sequence[int]) -> int:
         cols = self.cols(numel(shape))
-        return Fp32().nbytes(shape) if cols is None else ITEMSIZE["float32"] * self.rows * cols
+        if cols is None:
+            return Fp32().nbytes(shape)
+        return ITEMSIZE["float32"] * self.rows * cols + Layout.of(shape, self.block).units
 
     def _hashes(self, name: str, cols: int) -> HashFamily:
         return HashFamily.draw(self.rows, cols, self.seed, name)
 
-    def _chunks(self, ops: ModuleType, n: int, like: Any) -> Iterator[tuple[int, Any]]:
-        """``(start, coordinates)`` of each chunk on ``like``'s device, one chunk in memory at a time."""
-        layout = Layout(n, -(-n // self.chunk), self.chunk)
-        for unit in range(layout.units):
-            yield unit * self.chunk, ops.to_device(layout.coordinates(ops, ops.constant([unit], "int64")), like)
-
-    def _sketch(self, ops: ModuleType, hashes: HashFamily, coords: Any, values: Any) -> Any:
-        """``S(v)`` of the vector holding ``values`` at ``coords`` (float32, ``rows x cols``)."""
-        return ops.stack([ops.scatter_add(hashes.cols, hashes.bucket(ops, j, coords),
-                                          hashes.sign(ops, j, coords, "float32") * values)
-                          for j in range(hashes.rows)])
-
-    def _estimate(self, ops: ModuleType, hashes: HashFamily, cells: Any, coords: Any) -> Any:
-        """``median_j sign_j(i) S[j, bucket_j(i)]`` for every ``i`` in ``coords``."""
-        rows = ops.stack([hashes.sign(ops, j, coords, "float32") * ops.gather(cells[j], hashes.bucket(ops, j, coords))
-                          for j in range(hashes.rows)])
-        return rows[0] if hashes.rows == 1 else ops.sort0(rows)[(hashes.rows - 1) // 2]
+    def _batches(self, ops: ModuleType, layout: Layout, units: Any) -> Iterator[slice]:
+        """Consecutive slices of ``units`` of at most :attr:`batch` elements."""
+        per = max(1, self.batch // max(layout.unit_len, 1))
+        for start in range(0, ops.shape(units)[0], per):
+            yield slice(start, start + per)
 
     def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, State | None]:
-        if "e" in state:
+        if "S" not in state:
             return Fp32().take(ops, state, name, like)
-        cells, shape = state["S"], ops.shape(like)
-        n = numel(shape)
+        shape = tuple(like.dense_shape) if isinstance(like, RowSparse) else ops.shape(like)
+        layout = Layout.of(shape, self.block)
+        cells = state["S"]
         hashes = self._hashes(name, ops.shape(cells)[1])
-        k = min(n, math.ceil(self.recover * hashes.cols))
+        k = math.ceil(self.recover * hashes.cols)
+        rows = ops.split(ops.flatten(cells), [hashes.cols] * hashes.rows)
         found, values = [], []
-        for _, coords in self._chunks(ops, n, cells):  # the k largest estimates of each chunk, then of all chunks
-            estimate = self._estimate(ops, hashes, cells, coords)
+        marked = ops.positive(state["held"])
+        for part in self._batches(ops, layout, marked):  # the k largest of each batch, then of all
+            units = marked[part]
+            estimates = [s * ops.gather(row, b) for row, (b, s) in
+                         zip(rows, hash_units(ops, hashes, layout, units, "float32"))]
+            estimate = median(ops, estimates)
+            coords = ops.outer_add(units * layout.unit_len, ops.arange(layout.unit_len, like=units))
+            if layout.ragged:  # the last unit's padding is no coordinate: its estimates count as zero
+                estimate = estimate * ops.cast(coords < layout.numel, "float32")
+                coords = coords % layout.numel
             best = ops.topk_abs(estimate, k)
             found.append(ops.gather(coords, best))
             values.append(ops.gather(estimate, best))
+        if not found:
+            return None, state
         found, values = ops.concat(found), ops.concat(values)
         best = ops.topk_abs(values, k)
         found, values = ops.gather(found, best), ops.gather(values, best)
-        residual = ops.reshape(ops.cast(ops.scatter(n, found, values), ops.dtype_name(like)), shape)
-        return residual, {"S": cells - self._sketch(ops, hashes, found, values)}
+        units, offsets = found // layout.unit_len, found % layout.unit_len
+        given = ops.stack([ops.scatter_add(hashes.cols, hashes.element_buckets(ops, j, units, offsets,
+                                                                                 layout.unit_len, layout.units),
+                                           hashes.element_signs(ops, j, units, offsets, layout.unit_len, "float32",
+                                                                layout.units) * values)
+                           for j in range(hashes.rows)])
+        dtype = ops.dtype_name(values_of(like))
+        if isinstance(like, RowSparse):
+            count = ops.shape(found)[0]
+            one_hot = ops.scatter(count * layout.unit_len, ops.arange(count, like=found) * layout.unit_len + offsets,
+                                  values)
+            rows_of, summed = ops.coalesce_rows(units, ops.reshape(one_hot, (count, layout.unit_len)))
+            residual = RowSparse(rows_of, ops.cast(ops.reshape(summed, (-1, *shape[1:])), dtype), shape)
+        else:
+            residual = ops.reshape(ops.cast(ops.scatter_add(layout.numel, found, values), dtype), shape)
+        return residual, {"S": cells - given, "held": state["held"]}
 
     def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
-        n = numel(ops.shape(residual))
-        cols = self.cols(n)
+        shape = tuple(residual.dense_shape) if isinstance(residual, RowSparse) else ops.shape(residual)
+        cols = self.cols(numel(shape))
         if cols is None:
             return Fp32().put(ops, held, residual, name)
+        layout = Layout.of(shape, self.block)
         hashes = self._hashes(name, cols)
-        flat = ops.cast(ops.flatten(residual), "float32")
-        cells = held["S"] if held is not None else 0
-        for start, coords in self._chunks(ops, n, flat):
-            cells = cells + self._sketch(ops, hashes, coords, flat[start:start + self.chunk])
-        return {"S": cells}
+        ops, units, values = units_of(residual, layout)
+        values = ops.cast(values, "float32")
+        cells = held["S"] if held is not None else ops.zeros((self.rows, cols), "float32", values)
+        for part in self._batches(ops, layout, units):
+            cells = cells + ops.reshape(sketch_cells(ops, cols, hash_units(ops, hashes, layout, units[part], "float32"),
+                                                     values[part]), (self.rows, cols))
+        mark = ops.indicator(layout.units, units, "uint8")
+        if held is not None:
+            mark = ops.reduce_max(ops.stack([held["held"], mark]), axis=0)
+        return {"S": cells, "held": mark}

@@ -46,6 +46,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from hvdsketch.compress.support import RowSparse, values_of
 from hvdsketch.ops import backend
 
 State = dict[str, Any]
@@ -76,6 +77,9 @@ class Store(ABC):
     host: ClassVar[bool] = False
     #: State keys holding 0-d bookkeeping tensors (not counted as residual bytes).
     scalars: ClassVar[tuple[str, ...]] = ()
+    #: True when :meth:`put` keeps a :class:`RowSparse` residual as its rows (and :meth:`take` may
+    #: give rows back); other stores are given dense residuals.
+    row_sparse: ClassVar[bool] = False
 
     def slot(self, name: str, shape: tuple[int, ...]) -> str:
         """The key the state is kept under; tensors with equal slots share one state."""
@@ -127,14 +131,30 @@ class Nothing(Store):
 
 @dataclass(frozen=True)
 class Fp32(Store):
-    """The full residual in float32: classic error feedback, exact for float32 gradients."""
+    """The full residual in float32: classic error feedback, exact for float32 gradients.
+
+    A row-sparse residual is kept as its rows (``i``, ``v``) and given back as rows: a residual
+    never has support outside the rows it was given."""
 
     name: ClassVar[str] = "fp32"
+    row_sparse: ClassVar[bool] = True
 
     def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
-        return ops.cast(state["e"], ops.dtype_name(like)), None
+        dtype = ops.dtype_name(values_of(like))
+        if "i" in state:
+            shape = like.dense_shape if isinstance(like, RowSparse) else ops.shape(like)
+            return RowSparse(state["i"], ops.cast(state["v"], dtype), tuple(shape)), None
+        return ops.cast(state["e"], dtype), None
 
     def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+        if isinstance(residual, RowSparse):  # its rows, but those left exactly zero
+            indices, values = ops.cast(residual.indices, "int64"), residual.values
+            rows = ops.reshape(values, (-1, numel(residual.dense_shape[1:])))
+            kept = ops.nonzero_rows(rows)
+            if ops.shape(kept)[0] < ops.shape(rows)[0]:
+                indices = ops.gather(indices, kept)
+                values = ops.reshape(ops.gather(rows, kept), (-1, *residual.dense_shape[1:]))
+            return {"i": indices, "v": ops.cast(values, "float32")}
         return {"e": ops.cast(residual, "float32")}
 
     def nbytes(self, shape: Sequence[int]) -> int:
@@ -190,9 +210,13 @@ class TopK(Store):
 
     It loses the ``n - k`` smallest squares, the least any store of ``k``
     entries can lose. Costs 12 bytes per kept entry (int64 index, float32 value).
+    A row-sparse residual keeps its ``k / row length`` rows of largest norm, as rows
+    (``ri``, ``rv``): error feedback whose support stays bounded however many rows
+    the residuals of earlier steps touched.
     """
 
     name: ClassVar[str] = "topk"
+    row_sparse: ClassVar[bool] = True
     ratio: float = 0.1
 
     def __post_init__(self) -> None:
@@ -203,10 +227,20 @@ class TopK(Store):
         return min(n, max(1, math.ceil(self.ratio * n)))
 
     def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
-        dense = ops.scatter(numel(ops.shape(like)), state["i"], state["v"])
-        return ops.reshape(ops.cast(dense, ops.dtype_name(like)), ops.shape(like)), None
+        dtype = ops.dtype_name(values_of(like))
+        shape = tuple(like.dense_shape) if isinstance(like, RowSparse) else ops.shape(like)
+        if "ri" in state:
+            return RowSparse(state["ri"], ops.cast(state["rv"], dtype), shape), None
+        dense = ops.scatter(numel(shape), state["i"], state["v"])
+        return ops.reshape(ops.cast(dense, dtype), shape), None
 
     def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+        if isinstance(residual, RowSparse):
+            row_len = numel(residual.dense_shape[1:])
+            rows = ops.reshape(residual.values, (-1, row_len))
+            kept = ops.topk_abs(ops.reduce_sum(rows * rows, axis=1), -(-self.k(numel(residual.dense_shape)) // row_len))
+            return {"ri": ops.gather(ops.cast(residual.indices, "int64"), kept),
+                    "rv": ops.cast(ops.reshape(ops.gather(rows, kept), (-1, *residual.dense_shape[1:])), "float32")}
         flat = ops.flatten(residual)
         index = ops.topk_abs(flat, self.k(numel(ops.shape(residual))))
         return {"i": index, "v": ops.cast(ops.gather(flat, index), "float32")}
@@ -231,6 +265,7 @@ class Shared(Fp32):
 
     name: ClassVar[str] = "shared"
     scalars: ClassVar[tuple[str, ...]] = ("owner", "energy")
+    row_sparse: ClassVar[bool] = False
 
     def slot(self, name: str, shape: tuple[int, ...]) -> str:
         return f"shared{tuple(shape)}"
@@ -268,6 +303,7 @@ class Offload(Fp32):
 
     name: ClassVar[str] = "offload"
     host: ClassVar[bool] = True
+    row_sparse: ClassVar[bool] = False
 
     def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
         return ops.cast(ops.to_device(state["e"], like), ops.dtype_name(like)), None

@@ -71,6 +71,11 @@ class Ops(Protocol):
         """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device (restoring
         checkpoints; not for the per-step path)."""
 
+    def adopt(self, a: np.ndarray, like: Tensor) -> Tensor:
+        """The numpy array ``a`` as a tensor like ``like``: sharing ``a``'s memory where ``like`` is in
+        host memory (the caller hands ``a`` over: no copy), copied to ``like``'s device otherwise (the
+        MPI layer's results)."""
+
     def indicator(self, n: int, idx: Tensor, dtype: str) -> Tensor:
         """A length-``n`` vector of ``dtype``, 1 at ``idx`` and 0 elsewhere, on ``idx``'s device."""
 
@@ -79,6 +84,9 @@ class Ops(Protocol):
 
     def scatter_add(self, n: int, idx: Tensor, values: Tensor) -> Tensor:
         """A length-``n`` vector holding at each index the sum of the ``values`` given for it."""
+
+    def add_rows(self, x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
+        """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
 
     # -- moving tensors ---------------------------------------------------------------------------
 

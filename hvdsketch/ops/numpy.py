@@ -42,7 +42,7 @@ def arange(n: int, like: Tensor) -> Tensor:
     return np.arange(n, dtype=np.int64)
 
 
-def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) -> Tensor:
+def constant(values: Sequence[float], dtype: str, like: Tensor) -> Tensor:
     return np.asarray(values, dtype=dtype)
 
 
@@ -64,8 +64,11 @@ def pad(x: Tensor, n: int) -> Tensor:
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
-    """int64 indices of the rows of ``x2d`` holding a non-zero (NaN counts as non-zero)."""
-    return np.flatnonzero(np.any(x2d != 0, axis=1)).astype(np.int64)
+    """int64 indices of the rows of ``x2d`` holding a non-zero (NaN counts as non-zero): a row is zero
+    when its maximum and minimum are (two reductions, no temporary the size of ``x2d``)."""
+    if x2d.shape[1] == 0:
+        return np.zeros(0, np.int64)
+    return np.flatnonzero((x2d.max(axis=1) != 0) | (x2d.min(axis=1) != 0)).astype(np.int64)
 
 
 def positive(x: Tensor) -> Tensor:
@@ -92,6 +95,13 @@ def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
 def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
     out = np.zeros(n, dtype=values.dtype)
     np.add.at(out, idx, values)
+    return out
+
+
+def add_rows(x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
+    """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
+    out = np.array(x, copy=True)
+    np.add.at(out, indices, rows.astype(x.dtype, copy=False))
     return out
 
 
@@ -205,6 +215,12 @@ def synchronize(x: Tensor) -> None:
 def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
     """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
     return np.array(a, copy=True)
+
+
+def adopt(a: np.ndarray, like: Tensor) -> Tensor:
+    """The numpy array ``a`` as a tensor like ``like``, sharing ``a``'s memory where ``like`` is in
+    host memory (the caller hands ``a`` over: no copy), copied to ``like``'s device otherwise."""
+    return a
 
 
 # -- peer compressors (hvdsketch.compress: topk, randomk, dgc, qsgd, terngrad, efsignsgd, powersgd) --

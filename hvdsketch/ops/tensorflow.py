@@ -61,8 +61,7 @@ def arange(n: int, like: Tensor) -> Tensor:
         return tf.range(n, dtype=tf.int64)
 
 
-def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) -> Tensor:
-    # like=None only while memory/sketch.py still calls it so; the contract has no default
+def constant(values: Sequence[float], dtype: str, like: Tensor) -> Tensor:
     with _on(like):
         return tf.constant(list(values), dtype=dtype)
 
@@ -109,6 +108,11 @@ def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
 def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
     with _on(values):
         return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype), idx[:, None], values)
+
+
+def add_rows(x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
+    """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
+    return tf.tensor_scatter_nd_add(x, tf.cast(indices, tf.int64)[:, None], tf.cast(rows, x.dtype))
 
 
 def stack(xs: Sequence[Tensor]) -> Tensor:
@@ -223,6 +227,11 @@ def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
     """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
     with _on(like):
         return tf.constant(a)
+
+
+def adopt(a: np.ndarray, like: Tensor) -> Tensor:
+    """The numpy array ``a`` as a tensor like ``like`` (TensorFlow copies it), on ``like``'s device."""
+    return from_numpy(a, like)
 
 
 # -- peer compressors (hvdsketch.compress: topk, randomk, dgc, qsgd, terngrad, efsignsgd, powersgd) --

@@ -51,9 +51,7 @@ def arange(n: int, like: Tensor) -> Tensor:
     return torch.arange(n, dtype=torch.int64, device=like.device)
 
 
-def constant(values: Sequence[float], dtype: str, like: Tensor | None = None) -> Tensor:
-    if like is None:  # torch's default device: only while memory/sketch.py calls it so (the contract has no default)
-        return torch.tensor(list(values), dtype=_DTYPES[dtype])
+def constant(values: Sequence[float], dtype: str, like: Tensor) -> Tensor:
     host = torch.tensor(list(values), dtype=_DTYPES[dtype], device="cpu")
     if like.device.type == "cpu":
         return host
@@ -79,7 +77,9 @@ def pad(x: Tensor, n: int) -> Tensor:
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
-    return torch.nonzero((x2d != 0).any(dim=1)).reshape(-1)
+    """int64 indices of the rows of ``x2d`` holding a non-zero (NaN counts as non-zero): a row is zero
+    when its maximum and minimum are (two reductions, no temporary the size of ``x2d``)."""
+    return torch.nonzero((x2d.amax(dim=1) != 0) | (x2d.amin(dim=1) != 0)).reshape(-1)
 
 
 def positive(x: Tensor) -> Tensor:
@@ -105,6 +105,11 @@ def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
 def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
     out = torch.zeros(n, dtype=values.dtype, device=values.device)
     return out.index_add_(0, idx.to(values.device), values)
+
+
+def add_rows(x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
+    """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
+    return x.clone().index_add_(0, indices.to(x.device), rows.to(x.dtype))
 
 
 def stack(xs: Sequence[Tensor]) -> Tensor:
@@ -208,6 +213,12 @@ def synchronize(x: Tensor) -> None:
 def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
     """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
     return torch.from_numpy(np.array(a, copy=True)).to(like.device)
+
+
+def adopt(a: np.ndarray, like: Tensor) -> Tensor:
+    """The numpy array ``a`` as a tensor like ``like``, sharing ``a``'s memory where ``like`` is in
+    host memory (the caller hands ``a`` over: no copy), copied to ``like``'s device otherwise."""
+    return torch.from_numpy(a).to(like.device)
 
 
 # -- peer compressors (hvdsketch.compress: topk, randomk, dgc, qsgd, terngrad, efsignsgd, powersgd) --

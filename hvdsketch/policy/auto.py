@@ -17,8 +17,12 @@ and on a fast link compressing may cost more time than it saves. So:
    and the sum of unit densities (a bound on the union support a sketch must
    hold), in the same order, so all ranks size the same candidates.
 4. **Candidates** per tensor, sized from those numbers with ``headroom``:
-   ``none``; ``fp16``; ``topk`` keeping the measured density (exact while the
-   gradient stays that sparse); ``sketch`` sized for the union bound at the
+   ``none``; ``fp16``; the exact sparse methods where some units are empty:
+   ``allgather`` (each rank's units, bytes growing with N) and ``union`` (the
+   union's units once, after a bitmap round); ``topk`` keeping the measured
+   density (exact while the gradient stays that sparse; not for a row-sparse
+   gradient, whose exact allgather never builds the dense tensor top-k's
+   average does); ``sketch`` sized for the union bound at the
    ``error`` target (when smaller than dense); ``powersgd`` at
    ``powersgd_rank`` (matrices where it saves). A low-rank approximation of a
    gradient with a few non-zero rows spreads its error over every row, but
@@ -30,8 +34,9 @@ and on a fast link compressing may cost more time than it saves. So:
    where they are), and on dense ones it is top-k's worse sibling.
 5. **Measure** each candidate once on the real tensor of the deciding step
    (:func:`~hvdsketch.policy.cost.measure`: compress, decompress, bytes on
-   the wire, extra collectives), take the maximum over ranks (the slowest
-   rank sets the pace), and price it with the link
+   the wire for this rank count and communicator, extra collectives; the
+   union's second round priced from the union bound), take the maximum over
+   ranks (the slowest rank sets the pace), and price it with the link
    (:mod:`hvdsketch.policy.cost`).
 6. **Decide on rank 0 and broadcast**: the cheapest candidate wins, but a
    compressor must beat the dense allreduce by ``margin`` (a fraction of its
@@ -55,12 +60,13 @@ from typing import Any, ClassVar, Sequence
 
 from hvdsketch import spec as _spec
 from hvdsketch.collectives import Communicator, reduce
-from hvdsketch.compress import Compressor, Message, TensorContext, create
+from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
+from hvdsketch.compress.union import Union
 from hvdsketch.memory.stores import flag
 from hvdsketch.ops import backend
 from hvdsketch.policy.base import Policy, announce, side_channel
 from hvdsketch.policy.cost import (BLOCK, Link, Measurement, densities, measure, parse_bandwidth, parse_latency,
-                                   values_of)
+                                   union_bytes, values_of)
 from hvdsketch.policy.probe import probe
 from hvdsketch.policy.table import Assignment
 
@@ -191,16 +197,20 @@ class AutoPolicy(Policy):
             self._window[ctx.name] = (max(seen[0], element), max(seen[1], unit))
 
     def candidates(self, shape: Sequence[int], dtype: str, element: float, union: float,
-                   traced: bool = False) -> list[Compressor]:
+                   traced: bool = False, row_sparse: bool = False) -> list[Compressor]:
         """The compressors worth measuring for a tensor of ``shape`` whose ranks keep at most an
-        ``element`` fraction non-zero and whose union support is at most a ``union`` fraction of units;
-        ``traced``: only those that work inside ``tf.function`` (not PowerSGD, whose state is Python's)."""
+        ``element`` fraction non-zero and whose ranks' non-zero units add up to at most a ``union``
+        fraction of units (a bound on their union); ``traced``: only those that work inside
+        ``tf.function`` (not PowerSGD, whose state is Python's, nor the exact sparse methods, whose
+        sizes are known only at run time); ``row_sparse``: the gradient comes as rows."""
         numel = math.prod(shape)
         found = [self._instance("none")]
         if dtype in ("float32", "float64"):
             found.append(self._instance("fp16"))
+        if not traced and union < 1:
+            found += [self._instance("allgather"), self._instance("union")]
         ratio = _round_up(max(element * self.options.headroom, 1 / numel))
-        if ratio < 1:
+        if ratio < 1 and not (row_sparse and not traced):
             found.append(self._instance(f"topk:ratio={ratio}"))
         units = math.ceil(numel / BLOCK) if len(shape) < 2 else shape[0]
         density = _round_up(min(1.0, max(union * self.options.headroom, 1 / units)))
@@ -221,9 +231,11 @@ class AutoPolicy(Policy):
         # every rank reduces the same gathered numbers in the same order: the same candidates everywhere
         per_rank = ops.to_numpy(gathered).reshape(side.size, len(contexts), 2)
         element, union = per_rank[..., 0].max(axis=0), per_rank[..., 1].sum(axis=0)
-        options = [self.candidates(ctx.shape, ops.dtype_name(values_of(t)), float(e), float(u), traced)
-                   for t, ctx, e, u in zip(tensors, contexts, element, union)]
-        local = [[measure(c, t, ctx) for c in cands] for t, ctx, cands in zip(tensors, contexts, options)]
+        options = [self.candidates(ctx.shape, ops.dtype_name(values_of(t)), float(e), float(u), traced,
+                                   isinstance(t, RowSparse)) for t, ctx, e, u in zip(tensors, contexts, element, union)]
+        ring_bor = getattr(side, "ring_bor", False)
+        local = [[self._measure(c, t, ctx, float(u), ring_bor) for c in cands]
+                 for t, ctx, cands, u in zip(tensors, contexts, options, union)]
         flat = [link.latency, 1 / link.bandwidth] + [x for ms in local for m in ms for x in (m.compute, m.wire)]
         (worst,) = reduce(side, [Message(ops.constant(flat, "float64", like), "max")], "hvdsketch.auto.costs")
         worst = [float(x) for x in ops.to_numpy(worst)]
@@ -240,6 +252,19 @@ class AutoPolicy(Policy):
                        for ctx, e, cands, ms, k in zip(contexts, element, options, measured, choice)]
         announce(self._table, f"hvdsketch auto: {side.size} ranks, link {link.bandwidth * 8 / 1e9:.3g} Gbit/s, "
                               f"latency {link.latency * 1e3:.3g} ms (decided after step {self._calls - 1})", side)
+
+    @staticmethod
+    def _measure(compressor: Compressor, tensor: Any, ctx: TensorContext, union: float, ring_bor: bool) -> Measurement:
+        """The candidate measured on this rank; the union method's bytes from the union bound (one
+        rank's run sees only its own units)."""
+        measured = measure(compressor, tensor, ctx, ring_bor=ring_bor)
+        if not isinstance(compressor, Union):
+            return measured
+        values = values_of(tensor)
+        itemsize = backend(values).nbytes(values) // max(1, math.prod(backend(values).shape(values)))
+        units = min(1.0, union) * (ctx.shape[0] if len(ctx.shape) > 1 else math.ceil(math.prod(ctx.shape) / BLOCK))
+        wire = union_bytes(ctx.shape, itemsize, units, ctx.world_size, compressor.block, ring_bor)
+        return Measurement(measured.compute, wire, measured.calls)
 
     def choose(self, measured: Sequence[Measurement], link: Link) -> int:
         """The cheapest candidate (index into ``measured``; 0 is ``none``), if it beats dense by the margin."""

@@ -8,7 +8,11 @@ A compressor's exchange of one tensor costs one rank, per step::
   by each message's op (the formulas of :mod:`hvdsketch.collectives.stats` and
   the Horovod communicator): an averaging (or max) allreduce of ``b`` bytes
   sends ``2 (N-1)/N * b`` (ring, Patarasuk & Yuan 2009); an allgather, and
-  Horovod's bitwise OR, which is one, sends ``(N-1) * b`` of the local payload.
+  Horovod's bitwise OR, which is one, sends ``(N-1) * b`` of the local payload;
+  the MPI layer's bitwise OR is a ring allreduce (``ring_bor``). Messages whose
+  size depends on the other ranks' supports (the ``union`` method's second
+  round) are priced from the agreed union bound (:func:`union_bytes`), not
+  from one rank's run.
 - ``bandwidth``: bytes per second one rank moves while every rank moves data
   at once (probed with a timed allreduce, :mod:`hvdsketch.policy.probe`, so a
   link shared by all ranks is measured as it is shared).
@@ -75,11 +79,22 @@ class Link:
         return wire / self.bandwidth + calls * self.latency
 
 
-def wire_bytes(op: str, nbytes: int, size: int) -> int:
-    """Bytes one rank sends to reduce a message of ``nbytes`` by ``op`` over ``size`` ranks."""
-    if op in ("average", "max"):
+def wire_bytes(op: str, nbytes: int, size: int, ring_bor: bool = False) -> int:
+    """Bytes one rank sends to reduce a message of ``nbytes`` by ``op`` over ``size`` ranks; ``bor``
+    is a ring allreduce where ``ring_bor`` (the MPI layer), an allgather otherwise (Horovod)."""
+    if op in ("average", "sum", "max") or (op == "bor" and ring_bor):
         return ring_allreduce_bytes(nbytes, size)
     return (size - 1) * nbytes  # allgather, and bor (an allgather folded with OR in Horovod)
+
+
+def union_bytes(shape: Sequence[int], itemsize: int, union_units: float, size: int, block: int,
+                ring_bor: bool = False) -> int:
+    """Bytes one rank sends in the ``union`` method: the packed bitmap's OR, then the average of the
+    union's ``union_units`` units."""
+    layout = Layout.of(shape, block)
+    units = min(layout.units, math.ceil(union_units))
+    return (wire_bytes("bor", -(-layout.units // 8), size, ring_bor)
+            + ring_allreduce_bytes(units * layout.unit_len * itemsize, size))
 
 
 def dense_bytes(shape: Sequence[int], itemsize: int, size: int) -> int:
@@ -99,13 +114,14 @@ class Measurement:
         return link.seconds(self.wire, self.calls) + self.compute
 
 
-def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: int = 5) -> Measurement:
+def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: int = 5,
+            ring_bor: bool = False) -> Measurement:
     """Run ``compressor``'s whole exchange of ``tensor`` locally (each round's reduction over this
     rank alone), the best of ``repeats`` timings (the first also pays one-off costs such as
     allocations), and count the bytes its messages would put on the wire over ``ctx.world_size``
-    ranks. A fresh instance of the compressor runs, so its per-tensor state (PowerSGD's Q and
-    residual) is left untouched. Timing waits for the device (host syncs: it runs at the deciding
-    step only)."""
+    ranks (``ring_bor``: the communicator ORs in a ring). A fresh instance of the compressor runs, so
+    its per-tensor state (PowerSGD's Q and residual) is left untouched. Timing waits for the device
+    (host syncs: it runs at the deciding step only)."""
     from hvdsketch.exchange import run_local
 
     ops = backend(values_of(tensor))
@@ -118,7 +134,7 @@ def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: in
         ops.synchronize(values_of(result))  # on an accelerator the kernels have only been queued
         best = min(best, time.perf_counter() - start)
     size = ctx.world_size
-    wire = sum(wire_bytes(m.op, backend(m.tensor).nbytes(m.tensor), size) for r in rounds for m in r)
+    wire = sum(wire_bytes(m.op, backend(m.tensor).nbytes(m.tensor), size, ring_bor) for r in rounds for m in r)
     return Measurement(best, wire, _calls(rounds, values_of(tensor)))
 
 

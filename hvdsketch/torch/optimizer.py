@@ -53,9 +53,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._requires_update = [p for p in names if p.requires_grad]
-        self._included = exchanger.communicator.process_set.included()
+        process_set = getattr(exchanger.communicator, "process_set", None)
+        self._included = process_set is None or process_set.included()
         if self._included:  # as in Horovod, ranks outside the process set neither hook nor exchange
-            exchanger.verify([(n, tuple(p.shape)) for p, n in names.items()], torch_ops, next(iter(names), None))
+            exchanger.verify([(n, tuple(p.shape)) for p, n in names.items()], torch_ops)
+            exchanger.expect([names[p] for p in reversed(self._requires_update)])  # backward: last layer first
             self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(p)) for p in self._requires_update]
 
     # -- Horovod's hook / synchronize pattern ------------------------------------------------------
@@ -257,6 +259,20 @@ def _named(named_parameters: Any) -> list[tuple[str, torch.Tensor]] | None:
     return named
 
 
+def _communicator(collectives: str, hvd: Any, process_set: Any, predivide: float) -> Any:
+    """The communicator ``collectives`` names: Horovod's, or hvdsketch's MPI layer."""
+    if collectives == "horovod":
+        return HorovodCommunicator(hvd, process_set, predivide=predivide)
+    if collectives != "mpi":
+        raise ValueError(f"hvdsketch: collectives must be 'horovod' or 'mpi', got {collectives!r}")
+    if process_set is not None or predivide != 1.0:
+        raise ValueError("hvdsketch: collectives='mpi' averages over every rank; it takes no process_set "
+                         "or gradient_predivide_factor")
+    from hvdsketch.collectives.mpi import MPICommunicator
+
+    return MPICommunicator()
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
                          compression: "str | Compressor | Policy | Mapping | list | None" = None,
@@ -267,7 +283,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          groups: Any = None,
                          sparse_as_dense: bool = False,
                          process_set: Any = None,
-                         memory: "str | Memory | None" = None) -> torch.optim.Optimizer:
+                         memory: "str | Memory | None" = None,
+                         collectives: str = "horovod") -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` first averages gradients across Horovod ranks.
 
     Args:
@@ -292,6 +309,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         memory: error feedback: a ``--memory`` flag (``"fp32"``, ``"plan:budget=0.25"``) or a
             :class:`hvdsketch.memory.Memory`; ``None`` for none. Its residuals are part of
             :meth:`state_dict`.
+        collectives: ``"horovod"`` (Horovod's collectives: NCCL and tensor fusion on GPUs) or
+            ``"mpi"`` (hvdsketch's mpi4py layer, :mod:`hvdsketch.collectives.mpi`: a bitwise-OR ring
+            constant in N, allgathers without padding; CPU tensors travel without copies, GPU
+            tensors through host memory; every rank, no process set).
     """
     import horovod.torch as hvd
 
@@ -324,7 +345,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise ValueError("hvdsketch: named_parameters must name every parameter of the optimizer once, "
                          "with unique names")
     by_param = {p: names.get(id(p), f"param.{i}") for i, p in enumerate(params)}
-    communicator = HorovodCommunicator(hvd, process_set, predivide=gradient_predivide_factor)
+    communicator = _communicator(collectives, hvd, process_set, gradient_predivide_factor)
     exchanger = Exchanger(policy, communicator, None if memory is None else create_memory(memory),
                           op="sum" if op == hvd.Sum else "average", sparse_as_dense=sparse_as_dense)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))

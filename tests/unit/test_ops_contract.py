@@ -14,8 +14,6 @@ BACKENDS = {"numpy": np_ops, "torch": torch_ops, "tensorflow": tf_ops}
 FUNCTIONS = sorted(name for name, member in vars(contract.Ops).items()
                    if inspect.isfunction(member) and not name.startswith("_"))
 #: Where a back-end still differs from the contract, and why (strict: fixing it must drop the entry).
-PENDING = {"constant": "memory/sketch.py (being rewritten) still calls ops.constant without like, "
-                       "so the back-ends keep like=None for now"}
 
 
 def public_functions(module: types.ModuleType) -> set[str]:
@@ -38,9 +36,7 @@ def test_each_backend_defines_exactly_the_contracts_functions(backend):
 
 @pytest.mark.parametrize("function", FUNCTIONS)
 @pytest.mark.parametrize("backend", list(BACKENDS))
-def test_each_function_has_the_contracts_signature(backend, function, request):
-    if function in PENDING:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=PENDING[function]))
+def test_each_function_has_the_contracts_signature(backend, function):
     assert parameters(getattr(BACKENDS[backend], function)) == parameters(getattr(contract.Ops, function))
 
 

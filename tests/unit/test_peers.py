@@ -84,6 +84,9 @@ def test_bad_options_raise_value_error_when_constructed_directly():
     ("terngrad", [[("allgather", "float32"), ("allgather", "int8")]]),
     ("efsignsgd", [[("allgather", "float32"), ("allgather", "uint8")]]),
     ("powersgd", [[("average", "float32")], [("average", "float32")]]),
+    ("union", [[("bor", "uint8")], [("average", "float32")]]),
+    ("allgather", [[("allgather", "int32"), ("allgather", "float32")]]),
+    ("sketch:density=0.1", [[("bor", "uint8"), ("average", "float32")]]),
 ])
 def test_each_method_declares_its_collectives(flag, rounds):
     g = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)

@@ -40,7 +40,7 @@ def decide(tensor: np.ndarray, link: Link, size: int, policy: AutoPolicy = AutoP
 @pytest.mark.parametrize("size", [2, 4])
 def test_row_sparse_embedding_on_a_slow_link_is_compressed_well_below_fp16(size):
     choice = decide(row_sparse(30000, 256, 0.01), Link(LATENCY, GBIT), size)
-    assert choice.split(":")[0] in ("topk", "sketch", "powersgd"), choice
+    assert choice.split(":")[0] in ("allgather", "union", "topk", "sketch", "powersgd"), choice
 
 
 def test_small_bias_stays_dense():
@@ -73,7 +73,12 @@ def test_candidates_follow_shape_and_density():
     sparse = [str(c) for c in policy.candidates((30000, 256), "float32", 0.01, 0.04)]
     assert sparse[:2] == ["none", "fp16"]
     assert "topk:ratio=0.02" in sparse and "sketch:density=0.08" in sparse
+    assert "allgather" in sparse and "union" in sparse  # exact, where some rows are empty
     assert sparse[-1] == "powersgd:rank=2"  # error feedback makes low rank fit sparse matrices too: cost decides
+    rows = [str(c) for c in policy.candidates((30000, 256), "float32", 0.01, 0.04, row_sparse=True)]
+    assert rows == [c for c in sparse if not c.startswith("topk")]  # the exact allgather, never densified
+    traced = [str(c) for c in policy.candidates((30000, 256), "float32", 0.01, 0.04, traced=True)]
+    assert "allgather" not in traced and "union" not in traced and "powersgd:rank=2" not in traced
     dense = [str(c) for c in policy.candidates((1024, 256), "float32", 1.0, 1.0)]
     assert dense == ["none", "fp16", "powersgd:rank=2"]
     assert [str(c) for c in policy.candidates((1024,), "float16", 1.0, 1.0)] == ["none"]
@@ -97,6 +102,19 @@ def test_measured_wire_bytes_follow_each_collective():
         assert powersgd.wire == ring_allreduce_bytes(4 * 2 * 1000, size) + ring_allreduce_bytes(4 * 2 * 64, size)
         assert powersgd.calls == 1  # its second round
         assert all(m.compute >= 0 for m in (fp16, topk, powersgd))
+
+
+@pytest.mark.parametrize("ring_bor", [False, True])
+def test_union_is_priced_from_the_union_bound_and_the_communicators_or(ring_bor):
+    """One rank's run of union sees its own rows only: its second round is priced from the agreed
+    union bound; the bitmap's OR is an allgather in Horovod and a ring in the MPI layer."""
+    g = row_sparse(4000, 64, 0.01)
+    policy, ctx = AutoPolicy(), TensorContext("g", g.shape, 0, 4)
+    measured = policy._measure(create("union"), g, ctx, union=0.04, ring_bor=ring_bor)
+    bitmap = ring_allreduce_bytes(500, 4) if ring_bor else 3 * 500
+    assert measured.wire == bitmap + ring_allreduce_bytes(160 * 64 * 4, 4) and measured.calls == 2
+    gathered = policy._measure(create("allgather"), g, ctx, union=0.04, ring_bor=ring_bor)
+    assert gathered.wire == 3 * 40 * (4 + 64 * 4)  # this rank's 40 rows and int32 indices to 3 others
 
 
 @pytest.mark.parametrize("ratio", [0.001, 0.02, 0.5])

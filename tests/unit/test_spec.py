@@ -23,7 +23,7 @@ def test_options_are_converted_by_field_type():
 
 @pytest.mark.parametrize("flag, message", [
     ("sketchy", "unknown compressor 'sketchy'; valid: .*sketch"),
-    ("sketch:colz=3", r"unknown option\(s\) colz for 'sketch'; valid: block, density, error"),
+    ("sketch:colz=3", r"unknown option\(s\) colz for 'sketch'; valid: bitmap, block, density, error"),
     ("sketch:rows=three", "'three' is not a valid int"),
     ("sketch:rows=0", "rows must be >= 1"),
     ("sketch:rows", "expected key=value"),

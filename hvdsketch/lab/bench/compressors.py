@@ -2,35 +2,38 @@
 
 The gradient has ``--numel`` float32 elements shaped ``(numel / width, width)``,
 like an embedding layer's; a ``--density`` fraction of its rows is non-zero
-(standard normal values, rows drawn at random). Each compressor (every
-registered one with its defaults, or the ``--compressor`` flags given) runs
-one step as a single rank would, with a fresh object and every reduction the
-identity, in the chosen framework's back-end:
+(standard normal values, rows drawn at random); ``--sparse`` hands it over as
+its rows (a :class:`~hvdsketch.compress.RowSparse`, as ``nn.Embedding(sparse=True)``
+gives it) instead of dense. Each compressor (every registered one with its
+defaults, or the ``--compressor`` flags given) runs step after step as a
+single rank would, one object for all steps (so the sketch is sized from the
+step before, as in training; the warm-up steps include its dense first step),
+every reduction the identity, in the chosen framework's back-end, with
+``--memory`` error feedback if given:
 
   ratio        dense bytes / bytes the rank puts into its collectives, all rounds together
   compress     time until the first round's messages are ready, and dense GB/s through it
   decompress   time from the first reduction to the result (PowerSGD's second round included)
-  x memcpy     (compress + decompress) / the time of one copy of the gradient on its device
+  x memcpy     (compress + decompress) / the time of one copy of the dense gradient on its device
   error        ||result - g|| / ||g||: what one rank's compression loses, before averaging
 
-The copy (``clone`` of the same tensor) is what any codec pays at least to read
-the gradient once and write something of its size; a codec many times slower
-spends its time elsewhere. Times are the median of ``--repeats`` runs after
-``--warmup`` runs, each waiting for the device (``--device cuda`` runs PyTorch
-on the GPU). The table goes to stdout, the same rows as JSON to ``--json``
-(``-`` for stdout).
+The copy (``clone`` of the dense tensor, which pays for new memory as every
+dense result does) is what any codec pays at least to read the gradient once and
+write something of its size; a codec many times slower spends its time
+elsewhere. Times are the median of ``--repeats`` runs after ``--warmup`` runs,
+each waiting for the device (``--device cuda`` runs PyTorch on the GPU). The
+table goes to stdout, the same rows as JSON to ``--json`` (``-`` for stdout).
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
 import json
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="array back-end to run in (default torch)")
     parser.add_argument("--device", default="cpu",
                         help="PyTorch device to run on, e.g. cuda or cuda:1 (default cpu)")
+    parser.add_argument("--sparse", action="store_true",
+                        help="hand the gradient over as its non-zero rows (RowSparse), not dense")
+    parser.add_argument("--memory", help="residual memory flag (error feedback), e.g. fp32 or sketch")
+    parser.add_argument("--threads", type=_positive,
+                        help="PyTorch intra-op threads (default: PyTorch's); 1 as in training with a rank per core")
     parser.add_argument("--repeats", type=_positive, default=3, help="timed runs per compressor (median)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first")
     parser.add_argument("--seed", type=int, default=0)
@@ -77,7 +85,7 @@ class Row:
     compress_gbps: float
     decompress_ms: float
     decompress_gbps: float
-    memcpy_ratio: float  # (compress + decompress) / one copy of the gradient
+    memcpy_ratio: float
     relative_error: float
     collectives: str  # per round, e.g. "allgather+allgather" or "average | average"
 
@@ -94,22 +102,36 @@ def gradient(numel: int, width: int, density: float, seed: int) -> np.ndarray:
     return g
 
 
-def measure(make: Callable[[], Any], tensor: Any, ops: Any) -> tuple[float, float, Any, list[list[Any]]]:
-    """One step of a fresh compressor: compress and decompress seconds, result, messages per round."""
+def measure(compressor: Any, tensor: Any, shape: tuple[int, ...], step: int, memory: Any
+            ) -> tuple[float, float, Any, list[list[Any]]]:
+    """One step of ``compressor``: compress and decompress seconds (error feedback's compensation and
+    residual included), result, messages per round."""
     from hvdsketch.compress import TensorContext
+    from hvdsketch.compress.support import values_of
     from hvdsketch.exchange import Flight
 
-    ops.synchronize(tensor)
+    ops = backend_of(tensor)
+    ops.synchronize(values_of(tensor))
     start = time.perf_counter()
-    flight = Flight(make(), tensor, TensorContext("bench", ops.shape(tensor), 0, 1))
+    flight = Flight(compressor, tensor, TensorContext("bench", shape, step, 1), memory)
     rounds = [flight.messages]
+    flight.settle()
     for m in rounds[0]:
         ops.synchronize(m.tensor)
     middle = time.perf_counter()
     while not flight.advance([m.tensor for m in rounds[-1]]):
         rounds.append(flight.messages)
-    ops.synchronize(flight.result)
+        flight.settle()
+    ops.synchronize(values_of(flight.result))
     return middle - start, time.perf_counter() - middle, flight.result, rounds
+
+
+def backend_of(tensor: Any) -> Any:
+    """The ops back-end of a dense or row-sparse tensor."""
+    from hvdsketch.compress.support import values_of
+    from hvdsketch.ops import backend
+
+    return backend(values_of(tensor))
 
 
 def copy_of(ops: Any, tensor: Any) -> Any:
@@ -122,7 +144,7 @@ def copy_of(ops: Any, tensor: Any) -> Any:
 
 
 def memcpy_seconds(tensor: Any, ops: Any, repeats: int, warmup: int) -> float:
-    """Median seconds of one copy of ``tensor`` on its device, timed as the codecs are."""
+    """Median seconds of one copy of the dense ``tensor`` on its device, timed as the codecs are."""
     times = []
     for _ in range(warmup + repeats):
         ops.synchronize(tensor)
@@ -132,19 +154,23 @@ def memcpy_seconds(tensor: Any, ops: Any, repeats: int, warmup: int) -> float:
     return statistics.median(times[warmup:])
 
 
-def bench(flag: str, g: np.ndarray, tensor: Any, ops: Any, repeats: int, warmup: int, memcpy_s: float) -> Row:
-    from hvdsketch.compress import create
+def bench(flag: str, g: np.ndarray, tensor: Any, repeats: int, warmup: int, memcpy_s: float,
+          memory: str | None = None) -> Row:
+    from hvdsketch.compress import RowSparse, create
+    from hvdsketch.memory import create as create_memory
 
-    make = functools.partial(create, flag)
-    runs = [measure(make, tensor, ops) for _ in range(warmup + repeats)][warmup:]
+    compressor = create(flag)
+    residuals = None if memory is None else create_memory(memory)
+    runs = [measure(compressor, tensor, g.shape, step, residuals) for step in range(warmup + repeats)][warmup:]
     compress_s = statistics.median(r[0] for r in runs)
     decompress_s = statistics.median(r[1] for r in runs)
     _, _, result, rounds = runs[-1]
-    compressor = make()
+    ops = backend_of(tensor)
     sent = sum(ops.nbytes(m.tensor) for messages in rounds for m in messages)
     truth = g.astype(np.float64)
-    error = np.linalg.norm(ops.to_numpy(result).astype(np.float64) - truth) / max(np.linalg.norm(truth), 1e-300)
-    return Row(compressor=str(compressor), ratio=g.nbytes / sent,
+    dense = result.to_dense() if isinstance(result, RowSparse) else result
+    error = np.linalg.norm(ops.to_numpy(dense).astype(np.float64) - truth) / max(np.linalg.norm(truth), 1e-300)
+    return Row(compressor=str(compressor) + (f" +{memory}" if memory else ""), ratio=g.nbytes / sent,
                compress_ms=1e3 * compress_s, compress_gbps=g.nbytes / compress_s / 1e9,
                decompress_ms=1e3 * decompress_s, decompress_gbps=g.nbytes / decompress_s / 1e9,
                memcpy_ratio=(compress_s + decompress_s) / memcpy_s, relative_error=float(error),
@@ -163,33 +189,47 @@ def table(rows: list[Row]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hvdsketch.compress import REGISTRY, create
+    from hvdsketch.compress import REGISTRY, RowSparse, create
     from hvdsketch.ops import backend
 
     flags = args.compressor or list(REGISTRY)
     for flag in flags:
         create(flag)  # a bad flag fails before any timing
+    if args.memory:
+        from hvdsketch.memory import create as create_memory
+
+        create_memory(args.memory)
     g = gradient(args.numel, args.width, args.density, args.seed)
     if args.device != "cpu" and args.framework != "torch":
         raise ValueError(f"--device {args.device} runs PyTorch; --framework {args.framework} runs on the host")
     module, convert = FRAMEWORKS[args.framework]
-    tensor = getattr(importlib.import_module(module), convert)(g)
-    if args.device != "cpu":
-        tensor = tensor.to(args.device)
+    framework = importlib.import_module(module)
+    if args.threads and args.framework == "torch":
+        framework.set_num_threads(args.threads)
+    convert = getattr(framework, convert)
+
+    def to_tensor(a: np.ndarray) -> Any:
+        made = convert(a)
+        return made if args.device == "cpu" else made.to(args.device)
+
+    tensor = to_tensor(g)
     ops = backend(tensor)
     memcpy_s = memcpy_seconds(tensor, ops, args.repeats, args.warmup)
+    if args.sparse:
+        rows = np.flatnonzero(np.any(g != 0, axis=1))
+        tensor = RowSparse(to_tensor(rows), to_tensor(g[rows]), g.shape)
     rows = []
-    print(f"# {args.numel} float32 elements as {g.shape}, {args.density:g} of rows non-zero, "
-          f"{args.framework} back-end on {ops.device_name(tensor)}, median of {args.repeats}; "
-          f"one copy of the gradient (memcpy) {1e3 * memcpy_s:.2f} ms", flush=True)
+    print(f"# {args.numel} float32 elements as {g.shape}, {args.density:g} of rows non-zero"
+          f"{' given as rows' if args.sparse else ''}, {args.framework} back-end on {args.device}, "
+          f"median of {args.repeats}; one copy of the gradient (memcpy) {1e3 * memcpy_s:.2f} ms", flush=True)
     for flag in flags:
-        rows.append(bench(flag, g, tensor, ops, args.repeats, args.warmup, memcpy_s))
+        rows.append(bench(flag, g, tensor, args.repeats, args.warmup, memcpy_s, args.memory))
         print(f"#   {rows[-1].compressor} done", file=sys.stderr, flush=True)
     print(table(rows))
     if args.json:
-        report = {"numel": args.numel, "shape": list(g.shape), "density": args.density,
-                  "framework": args.framework, "device": ops.device_name(tensor), "repeats": args.repeats,
-                  "memcpy_ms": 1e3 * memcpy_s, "rows": [asdict(r) for r in rows]}
+        report = {"numel": args.numel, "shape": list(g.shape), "density": args.density, "sparse": args.sparse,
+                  "memory": args.memory, "framework": args.framework, "device": args.device,
+                  "repeats": args.repeats, "memcpy_ms": 1e3 * memcpy_s, "rows": [asdict(r) for r in rows]}
         text = json.dumps(report, indent=2)
         if args.json == "-":
             print(text)

@@ -40,7 +40,7 @@ def gradient(var: tf.Variable, target, compression, graph: bool = False, **optio
 @pytest.mark.parametrize("arguments, message", [
     ({"compression": ""}, "compression='' is empty"),
     ({"compression": " "}, "is empty"),
-    ({"compression": Compression.sketch()}, "take the flag string, e.g. compression='sketch:density=0.05'"),
+    ({"compression": Compression.sketch()}, "take the flag string, e.g. compression='sketch:bitmap=float'"),
     ({"compression": "fp16:dtype=bfloat16"}, "no bfloat16 allreduce"),
     ({"compression": "none", "memory": ""}, "residual memory flag must be a non-empty string naming one of"),
 ], ids=lambda a: a if isinstance(a, str) else ",".join(f"{k}={v!r}"[:40] for k, v in a.items()))

@@ -34,7 +34,7 @@ def backward(layer: torch.nn.Module, rank: int, dtype: torch.dtype = torch.float
     ({"compression": "   "}, "is empty"),
     ({"compression": "sketch:error=inf"}, "error: inf is not a finite number"),
     ({"compression": "fp16:dtype=bfloat16"}, "no bfloat16 allreduce"),
-    ({"compression": Compression.sketch()}, "take the flag string, e.g. compression='sketch:density=0.05'"),
+    ({"compression": Compression.sketch()}, "take the flag string, e.g. compression='sketch:bitmap=float'"),
     ({"memory": ""}, "residual memory flag must be a non-empty string naming one of .*fp32"),
     ({"memory": 3}, "memory must be a --memory flag"),
     ({"backward_passes_per_step": 1.5}, "backward_passes_per_step must be an int"),

@@ -105,20 +105,9 @@ def test_hooks_run_inside_the_meta_default_too():
     assert seen == [("cpu", "meta")]
 
 
-def pending(compression, memory):
-    """Why a combination still makes host tensors, in a file being rewritten (marked so CI shows it),
-    or ``None``. The sketch store hashes its residual (every compression here but ``none`` leaves one)."""
-    if memory == "sketch" and compression != "none":
-        return ("memory/sketch.py builds its coordinate chunks with ops.constant([unit], 'int64') (no like: "
-                "torch's default device) and copies them to the residual's device")
-    return None
-
-
 @pytest.mark.parametrize("memory", MEMORIES, ids=str)
 @pytest.mark.parametrize("compression", COMPRESSIONS)
-def test_optimizer_steps_on_the_gradients_device(hvd, compression, memory, request):
-    if pending(compression, memory):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=pending(compression, memory)))
+def test_optimizer_steps_on_the_gradients_device(hvd, compression, memory):
     model, batches = model_and_batches(hvd.rank(), 2)
     with meta_default((Exchanger, "start")):
         # names of this combination's own: an xfailed step may leave collectives in flight under its names

@@ -53,20 +53,68 @@ def test_exchange_row_sparse_matches_dense(hvd):
                                   cases.dense_average(hvd.size(), cases.EXACT_SHAPE, 3, True))
 
 
-def test_agreed_sizing_sends_dense_gradients_dense_and_sparse_ones_sketched(hvd):
-    """Without density=, ranks agree on each tensor's union bound: a dense gradient comes back as
-    Horovod's dense average exactly, a sparse one as a sketch recovery."""
+def same_on_every_rank(hvd, tensor: torch.Tensor, name: str) -> bool:
+    gathered = hvd.allgather(tensor.reshape(1, -1), name=name)
+    return all(torch.equal(gathered[0], row) for row in gathered)
+
+
+def test_one_round_sizing_sends_dense_gradients_dense_and_sparse_ones_sketched(hvd):
+    """Each tensor's first exchange is dense (Horovod's dense average exactly); then a dense gradient
+    stays dense and a sparse one travels as bitmap and cells in one round, sized from the union the
+    first exchange showed."""
     comm = HorovodCommunicator(hvd)
     dense = torch.from_numpy(np.random.default_rng(hvd.rank()).integers(-5, 6, (300, 40)).astype(np.float32))
     sparse = torch.from_numpy(cases.row_sparse_gradient(hvd.rank(), cases.EXACT_SHAPE, 3, integer=True))
     sketch = create("sketch:error=0.05,rows=3")
-    jobs = [(sketch, t, TensorContext(n, tuple(t.shape), 3, hvd.size())) for n, t in (("d", dense), ("s", sparse))]
-    out_dense, out_sparse = exchange_jobs(comm, jobs)
-    assert torch.equal(out_dense, hvd.allreduce(dense, op=hvd.Average, name="agreed.dense"))
-    np.testing.assert_array_equal(out_sparse.numpy(), cases.dense_average(hvd.size(), cases.EXACT_SHAPE, 3, True))
-    dense_bytes = ring_allreduce_bytes(dense.numel() * 4, hvd.size())
-    sparse_bytes = ring_allreduce_bytes(sparse.numel() * 4, hvd.size())
-    assert comm.stats.bytes_sent < dense_bytes + sparse_bytes / 2  # the sparse one was sketched
+    for step in range(3):
+        comm.stats.reset()
+        jobs = [(sketch, t, TensorContext(n, tuple(t.shape), step, hvd.size())) for n, t in (("d", dense), ("s", sparse))]
+        out_dense, out_sparse = exchange_jobs(comm, jobs)
+        assert torch.equal(out_dense, hvd.allreduce(dense, op=hvd.Average, name="agreed.dense"))
+        np.testing.assert_array_equal(out_sparse.numpy(), cases.dense_average(hvd.size(), cases.EXACT_SHAPE, 3, True))
+        dense_bytes = ring_allreduce_bytes(dense.numel() * 4, hvd.size())
+        sparse_bytes = ring_allreduce_bytes(sparse.numel() * 4, hvd.size())
+        if step == 0:
+            assert dense_bytes + sparse_bytes <= comm.stats.bytes_sent < dense_bytes + sparse_bytes + 100  # + step tag
+        else:
+            assert comm.stats.bytes_sent < dense_bytes + sparse_bytes / 2  # the sparse one was sketched
+            assert set(comm.stats.snapshot()) == {"allreduce.average", "bor", "allreduce.max"}
+
+
+def test_a_union_overflowing_its_plan_is_seen_alike_on_every_rank(hvd):
+    """Step 2 holds far more rows than the plan (sized from step 1's union) expects, more on higher
+    ranks: every rank recovers the same bits and plans the same next size, which holds the union."""
+    shape = (20_000, 8)
+    comm = HorovodCommunicator(hvd)
+    sketch = create("sketch:error=0.5,rows=3")
+    sizes = []
+    for step, rows in enumerate([5, 5, 100 * (hvd.rank() + 1), 100 * (hvd.rank() + 1)]):
+        g = torch.from_numpy(cases.row_sparse_gradient(hvd.rank() + 10 * step, shape, rows, integer=False))
+        comm.stats.reset()
+        (out,) = exchange_jobs(comm, [(sketch, g, TensorContext("w", shape, step, hvd.size()))])
+        sizes.append(comm.stats.snapshot()["allreduce.average"]["bytes_sent"])
+        assert same_on_every_rank(hvd, out, f"overflow.out.{step}")
+        assert same_on_every_rank(hvd, torch.tensor([sketch._levels["w"]]), f"overflow.level.{step}")
+        truth = torch.from_numpy(np.mean([cases.row_sparse_gradient(r + 10 * step, shape, rows_of, False)
+                                          for r, rows_of in enumerate([rows if step < 2 else 100 * (q + 1)
+                                                                       for q in range(hvd.size())])], axis=0))
+        error = float((out - truth).norm() / truth.norm())
+        if step == 2:
+            assert error > 0.5  # the union overflowed the plan
+        if step == 3:
+            assert error < 0.5
+    assert sizes[2] == sizes[1] < sizes[3] / 10  # same plan as before the overflow, then resized
+
+
+@pytest.mark.parametrize("flag", ["union", "allgather", "allgather:wire=float16"])
+def test_exact_sparse_methods_keep_row_sparse_gradients_sparse_and_exact(hvd, flag):
+    g = cases.row_sparse_gradient(hvd.rank(), cases.EXACT_SHAPE, 3, integer=True)
+    rows = np.flatnonzero(np.any(g != 0, axis=1))
+    sparse = RowSparse(torch.from_numpy(rows), torch.from_numpy(g[rows]), cases.EXACT_SHAPE)
+    ctx = TensorContext("emb.weight", cases.EXACT_SHAPE, step=1, world_size=hvd.size())
+    (out,) = exchange_jobs(HorovodCommunicator(hvd), [(create(flag), sparse, ctx)])
+    assert isinstance(out, RowSparse)
+    np.testing.assert_array_equal(out.to_dense().numpy(), cases.dense_average(hvd.size(), cases.EXACT_SHAPE, 3, True))
 
 
 def test_training_keeps_replicas_bit_identical(hvd):

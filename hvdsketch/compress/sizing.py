@@ -1,0 +1,68 @@
+"""Sizes every rank agrees on without a round: from what the previous step's reduction showed all.
+
+A sparse method's message size depends on the data (the union of the ranks'
+supports, the rows gathered), yet every rank must send messages of the same
+size, and a round spent agreeing on it first costs a latency. So a compressor
+sizes this step from the previous step's reduced result, which every rank
+holds bit for bit: the union a reduced bitmap shows, or the non-zero units of a
+dense average.
+
+Sizes are *levels*: a bound of ``ceil(grow^level)`` units, the smallest level
+above ``headroom`` times what was seen. A level rises as soon as the count
+outgrows it and falls only when the count is two levels below, so message
+sizes repeat across steps (Horovod's response cache and its allgather
+negotiation keep stable shapes) instead of following every fluctuation.
+
+A tensor found not worth sending sparse is *latched* dense: the next
+``recheck`` exchanges send it dense at once, and the last of them counts the
+non-zero units of its dense result again, so a dense layer pays one count in
+``recheck`` steps.
+"""
+from __future__ import annotations
+
+import math
+
+
+def level_of(count: float, headroom: float, grow: float) -> int:
+    """The smallest level whose bound holds ``headroom * count`` (at least one unit)."""
+    return max(0, math.ceil(math.log(max(count * headroom, 1.0)) / math.log(grow) - 1e-9))
+
+
+def bound_of(level: int, grow: float, cap: int) -> int:
+    """Units a plan at ``level`` is sized for, at most ``cap``."""
+    return min(cap, math.ceil(grow ** level - 1e-9))
+
+
+def next_level(level: int | None, count: float, headroom: float, grow: float) -> int:
+    """The level after seeing ``count``: up at once, down only past one level of slack."""
+    needed = level_of(count, headroom, grow)
+    return needed if level is None or needed > level or needed < level - 1 else level
+
+
+def latched(latch: dict[str, int], name: str) -> tuple[bool, bool]:
+    """``(dense, learn)`` for this exchange of ``name``: whether it is latched dense, and whether
+    this is the last latched exchange, which counts its dense result's units again."""
+    left = latch.get(name, 0)
+    return left > 0, left == 1
+
+
+def release(latch: dict[str, int], name: str, dense_next: bool, recheck: int) -> None:
+    """After an exchange: one latched exchange fewer; a tensor just found not worth sending sparse
+    (``dense_next``, known after an exchange that counted) is latched for ``recheck`` more."""
+    left = latch.pop(name, 0)
+    if left > 1:
+        latch[name] = left - 1
+    elif dense_next:
+        latch[name] = recheck
+
+
+#: Bytes per element of the dtypes values travel in.
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint8": 1}
+#: The formats values may travel in (``wire=`` of the sparse methods); unset: the tensor's own dtype.
+WIRES = ("float16", "bfloat16", "float32")
+
+
+def check_wire(wire: str | None) -> None:
+    """Raise ``ValueError`` unless ``wire`` is ``None`` or one of :data:`WIRES`."""
+    if wire is not None and wire not in WIRES:
+        raise ValueError(f"wire must be one of {', '.join(WIRES)}, got {wire!r}")

@@ -1,0 +1,96 @@
+"""The exact sparse methods, union and allgather: what they send, and when they go dense."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hvdsketch.compress import RowSparse, TensorContext, create
+from hvdsketch.exchange import Flight
+from tests.peer_cases import lockstep, reduce_in_process
+
+SHAPE = (5000, 16)
+
+
+def row_sparse(rank: int, rows: int, seed: int = 0, repeat: int = 1) -> RowSparse:
+    """``rows`` distinct rows of small integers, each given ``repeat`` times (as autograd gives a
+    word that occurs several times in a batch)."""
+    rng = np.random.default_rng([seed, rank])
+    picked = rng.choice(SHAPE[0], rows, replace=False)
+    values = rng.integers(-4, 5, (rows, SHAPE[1])).astype(np.float32)
+    return RowSparse(np.tile(picked, repeat), np.tile(values / repeat, (repeat, 1)), SHAPE)
+
+
+def run(flag, tensors, step=0, compressors=None):
+    """One exchange over simulated ranks: rank 0's messages per round and every rank's result."""
+    compressors = compressors or [create(flag) for _ in tensors]
+    flights = [Flight(c, t, TensorContext("emb", SHAPE, step, len(tensors), r))
+               for r, (c, t) in enumerate(zip(compressors, tensors))]
+    return lockstep(flights, lambda pending: [reduce_in_process(same) for same in zip(*pending)])
+
+
+@pytest.mark.parametrize("flag", ["union", "allgather"])
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_equal_to_the_dense_average_and_stay_row_sparse(flag, size):
+    tensors = [row_sparse(r, 40, repeat=2) for r in range(size)]
+    truth = sum(t.to_dense() for t in tensors) / size
+    _, outs = run(flag, tensors)
+    for out in outs:
+        assert isinstance(out, RowSparse)
+        np.testing.assert_array_equal(out.to_dense(), truth)
+        np.testing.assert_array_equal(out.indices, np.flatnonzero(np.any(truth != 0, axis=1)))
+
+
+def test_allgather_sends_each_rank_coalesced_rows_with_int32_indices():
+    """Horovod's sparse path gathers a word's row once per occurrence, with an int64 index; here a row
+    is sent once, its index in 4 bytes (and its values in 2 with wire=float16)."""
+    tensors = [row_sparse(r, 40, repeat=3) for r in range(2)]
+    horovod = 3 * 40 * (8 + 16 * 4)
+    (messages,), _ = run("allgather", tensors)
+    assert [(m.op, str(m.tensor.dtype), m.tensor.shape) for m in messages] == [
+        ("allgather", "int32", (40,)), ("allgather", "float32", (40, 16))]
+    assert sum(m.tensor.nbytes for m in messages) == 40 * (4 + 16 * 4) < horovod / 3
+    (half,), outs = run("allgather:wire=float16", tensors)
+    assert sum(m.tensor.nbytes for m in half) == 40 * (4 + 16 * 2)
+    np.testing.assert_array_equal(outs[0].to_dense(), sum(t.to_dense() for t in tensors) / 2)  # small integers
+
+
+def test_union_sends_the_union_once_after_its_bitmap():
+    tensors = [row_sparse(r, 40) for r in range(3)]
+    union = np.unique(np.concatenate([t.indices for t in tensors])).size
+    rounds, _ = run("union", tensors)
+    assert [[(m.op, m.tensor.size) for m in messages] for messages in rounds] == [
+        [("bor", SHAPE[0] // 8)], [("average", union * SHAPE[1])]]
+
+
+@pytest.mark.parametrize("flag", ["union", "allgather"])
+def test_a_dense_tensor_goes_dense_and_is_counted_again_every_recheck_exchanges(flag):
+    rng = np.random.default_rng(0)
+    dense = [torch.from_numpy(rng.standard_normal(SHAPE).astype(np.float32)) for _ in range(2)]
+    compressors = [create(f"{flag}:recheck=2") for _ in range(2)]
+    first, _ = run(flag, dense, 0, compressors)  # tried sparse once: the bitmap, or the gather, shows it dense
+    assert [[m.op for m in r] for r in first] == ([["bor"], ["average"]] if flag == "union" else
+                                                  [["allgather", "allgather"]])
+    for step in (1, 2):  # latched dense, one round; the second counts its result again
+        rounds, outs = run(flag, dense, step, compressors)
+        assert [[(m.op, m.tensor.numel()) for m in r] for r in rounds] == [[("average", SHAPE[0] * SHAPE[1])]]
+        np.testing.assert_allclose(outs[0].numpy(), ((dense[0] + dense[1]) / 2).numpy(), rtol=1e-6)
+    rounds, _ = run(flag, dense, 3, compressors)  # still dense when counted: latched again, no bitmap
+    assert [[m.op for m in r] for r in rounds] == [["average"]]
+
+
+def test_union_error_above_one_sends_fewer_cells_than_the_union_and_keeps_what_it_missed():
+    from hvdsketch.memory import Memory
+
+    tensors = [row_sparse(r, 40) for r in range(2)]
+    union = np.unique(np.concatenate([t.indices for t in tensors])).size
+    memories = [Memory() for _ in range(2)]
+    flights = [Flight(create("union:error=2"), t, TensorContext("emb", SHAPE, 0, 2, r), m)
+               for r, (t, m) in enumerate(zip(tensors, memories))]
+    rounds, outs = lockstep(flights, lambda pending: [reduce_in_process(same) for same in zip(*pending)])
+    assert rounds[1][0].tensor.size == int(np.ceil(union * SHAPE[1] / 4))
+    for memory, t in zip(memories, tensors):
+        held = memory.state_dict()["slots"]["emb"]
+        assert set(held["i"].tolist()) <= set(t.indices.tolist())
+    with pytest.raises(ValueError, match="error must be > 1"):
+        create("union:error=0.5")
