@@ -167,8 +167,8 @@ class SparseSketch(Compressor):
             raise ValueError("rows must be >= 1")
         if not 0 < self.error:
             raise ValueError("error must be > 0")
-        if self.density is not None and not 0 <= self.density <= 1:
-            raise ValueError("density must be in [0, 1]")
+        if self.density is not None and not 0 < self.density <= 1:
+            raise ValueError(f"density must be in (0, 1] (the fraction of units the union may hold), got {self.density}")
         if self.ratio is not None and not 0 < self.ratio <= 1:
             raise ValueError("ratio must be in (0, 1]")
         if self.headroom < 1:

@@ -47,7 +47,6 @@ def test_out_of_range_options_are_errors(flag, message):
         create(flag)
 
 
-@pytest.mark.xfail(strict=True, reason="needs sketch.py: density must be in (0, 1] (density=0 gives huge errors)")
 def test_sketch_density_zero_is_an_error():
     with pytest.raises(SpecError, match="density"):
         create("sketch:density=0")
