@@ -17,7 +17,14 @@ gradients and decide for the next steps (``auto``).
 
 A tensor that is still waiting after ``stall_seconds`` (``HVDSKETCH_STALL_SECONDS``,
 default 30) is reported on that rank with what it waits for, every
-``stall_seconds`` until it arrives.
+``stall_seconds`` until it arrives. A wait that lasts (a second, or
+``stall_seconds`` if shorter) also looks at the step's tag: when it has arrived
+and says the ranks are not doing the same thing (another rank gathers a
+checkpoint, or is at another step), what it waits for will never come, and the
+rank raises at once.
+
+Checkpoints (:mod:`~hvdsketch.exchange.checkpoint`): :meth:`Exchanger.state_dict`
+is this rank's state; the adapters gather every rank's into one checkpoint.
 """
 from __future__ import annotations
 
@@ -66,9 +73,14 @@ class Exchanger:
         self.policy, self.communicator, self.memory = policy, communicator, memory
         self.op, self.sparse_as_dense, self.prefix = op, sparse_as_dense, prefix
         self.step = 0
+        #: The number of ranks this rank's state was made with (set when the ranks agree,
+        #: :mod:`~hvdsketch.exchange.checkpoint`), ``None`` before.
+        self.world: int | None = None
         #: Residuals of the methods whose error feedback is their own, when ``memory`` is ``None``.
         self.own_memory = Memory(default=Fp32(), spec="fp32")
         self.stall_seconds = float(os.environ.get("HVDSKETCH_STALL_SECONDS", 30))
+        #: How long :meth:`check_in` waits for the other ranks (``HVDSKETCH_CHECKIN_SECONDS``).
+        self.checkin_seconds = float(os.environ.get("HVDSKETCH_CHECKIN_SECONDS", 300))
         self._setup = 0
         #: The tensors' names in the adapter's order (parameters, sources), from :meth:`verify`.
         self.order: dict[str, int] = {}
@@ -140,7 +152,7 @@ class Exchanger:
             while any(handle is not None for _, handle in self._flights.values()):
                 for name, (flight, handle) in list(self._flights.items()):
                     if handle is not None:
-                        self._step_flight(name, flight, self._wait(handle, [name]))
+                        self._step_flight(name, flight, self._wait(handle, [name], tag))
             results = {name: flight.result for name, (flight, _) in self._flights.items()}
             reduced_tag = None if tag is None else self._wait(tag, ["the step check"])[0]
         finally:
@@ -189,19 +201,52 @@ class Exchanger:
             if handle is not None and flight.round.residual is None and handle.test():
                 self._step_flight(name, flight, handle.wait())
 
-    def _wait(self, handle: Handle, waiting_for: list[str]) -> list[Any]:
-        """``handle.wait()``, reporting every ``stall_seconds`` while it has not arrived."""
+    def _wait(self, handle: Handle, waiting_for: list[str], tag: Handle | None = None,
+              deadline: float | None = None) -> list[Any]:
+        """``handle.wait()``, reporting every ``stall_seconds`` while it has not arrived; once it has
+        lasted, raising if the step's ``tag`` has come back disagreeing (the wait is then in vain),
+        and raising ``TimeoutError`` after ``deadline`` seconds."""
         started = time.monotonic()
         reported = started
+        looked = False
         while not handle.test():
             now = time.monotonic()
+            if tag is not None and not looked and now - started >= min(1.0, self.stall_seconds) and tag.test():
+                looked = True  # one look (a host sync) only, and only at a wait that lasts
+                self._raise_unless_agreed(tag.wait()[0])
             if now - reported >= self.stall_seconds:
                 reported = now
                 print(f"hvdsketch: rank {self.communicator.rank} has waited {now - started:.0f} s at step "
                       f"{self.step} for {', '.join(waiting_for)} (in flight: {', '.join(self._flights) or '-'}); "
                       f"another rank may not have started the same exchanges", file=sys.stderr, flush=True)
+            if deadline is not None and now - started >= deadline:
+                raise TimeoutError(f"hvdsketch: rank {self.communicator.rank} waited {deadline:.0f} s for "
+                                   f"{', '.join(waiting_for)}")
             time.sleep(0.0005)
         return handle.wait()
+
+    def _raise_unless_agreed(self, reduced_tag: Any) -> None:
+        ops = backend(reduced_tag)
+        if not ops.all_true([agreement.step_agrees(ops, reduced_tag)]):
+            raise agreement.step_error(self.step, self.communicator.rank, _integers(reduced_tag))
+
+    def check_in(self, activity: int, ops: Any, like: Any = None) -> None:
+        """Send the step tag for ``activity`` (:data:`~hvdsketch.exchange.agreement.CHECKPOINT`) between
+        steps and wait for it: every rank must be at the same step with the same setup, doing the same.
+        A rank alone here meets the others' next training step and both raise; a rank whose other
+        ranks never come raises ``TimeoutError`` after ``checkin_seconds``."""
+        if self._flights or self._tag is not None:
+            raise RuntimeError("hvdsketch: a step is under way (its gradients' exchanges have started); call "
+                               "this after optimizer.step(), not between backward() and step()")
+        handle = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup, like, activity)])
+        self._raise_unless_agreed(self._wait(handle, ["the other ranks' check-in"], deadline=self.checkin_seconds)[0])
+
+    def abandon(self) -> None:
+        """Forget a step broken off (a failed collective, Horovod elastic's reset): its exchanges and
+        tag never finish; what the memory kept of it stays."""
+        self._flights.clear()
+        self._inputs.clear()
+        self._tag = None
 
     def _check(self, results: dict[str, Any], tag: Any) -> dict[str, Any]:
         """Every result finite and the step tag agreed, else the same error on every rank: one host
@@ -221,7 +266,7 @@ class Exchanger:
         if ops.all_true(flags + ([agreed] if agreed is not None else [])):
             return results
         if agreed is not None and not ops.all_true([agreed]):
-            raise agreement.step_error(self.step, self.communicator.rank)
+            raise agreement.step_error(self.step, self.communicator.rank, _integers(tag))
         bad = [name for name, flag in zip(floating, flags) if not ops.all_true([flag])]
         raise FloatingPointError(_nonfinite(bad[0]) + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
 
@@ -229,29 +274,47 @@ class Exchanger:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state: the step (it seeds the hashes), the policy's choices, the compressors'
-        per-tensor state and the residuals, as numpy arrays and plain values."""
+        per-tensor state and the residuals, as numpy arrays and plain values. Only this rank's: a
+        checkpoint of every rank gathers it from each (:func:`hvdsketch.exchange.checkpoint.gather`)."""
         compressors = {flag: c.state_dict() for flag, c in self.policy.compressors().items()}
-        return {"step": self.step, "policy": self.policy.state_dict(),
+        return {"step": self.step, "world": self.world, "policy": self.policy.state_dict(),
                 "compressors": {flag: s for flag, s in compressors.items() if s},
                 "memory": None if self.memory is None else self.memory.state_dict(),
                 "own_memory": self.own_memory.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any], convert: Any) -> None:
-        """Restore :meth:`state_dict`; ``convert(name, array)`` makes the tensor of each array."""
+        """Restore :meth:`state_dict`; ``convert(name, array)`` makes the tensor of each array.
+
+        The step, the compressors' state and both memories' residuals are replaced: what ``state``
+        leaves out starts afresh (so a state without them resets them). The policy (and the plan of a
+        planned memory, with ``memory`` given without residuals) is restored where ``state`` has it
+        and left as it is where not."""
         if self._flights:
             raise RuntimeError("hvdsketch: cannot load state while exchanges are in flight")
         self.step = int(state["step"])
-        self.policy.load_state_dict(state.get("policy") or {})
+        self.world = state.get("world")
+        if state.get("policy") is not None:
+            self.policy.load_state_dict(state["policy"])
         compressors = self.policy.compressors()
-        for flag, compressor_state in (state.get("compressors") or {}).items():
+        saved = state.get("compressors") or {}
+        for flag in saved:
             if flag not in compressors:
                 raise ValueError(f"hvdsketch: the checkpoint holds state of compressor {flag!r}, which "
                                  f"this run's compression {self.policy} does not use")
-            compressors[flag].load_state_dict(compressor_state, convert)
-        if self.memory is not None and state.get("memory") is not None:
-            self.memory.load_state_dict(state["memory"])
-        if state.get("own_memory") is not None:
-            self.own_memory.load_state_dict(state["own_memory"])
+        for flag, compressor in compressors.items():
+            compressor.load_state_dict(saved.get(flag, {}), convert)
+        for memory, key in ((self.memory, "memory"), (self.own_memory, "own_memory")):
+            if memory is not None:
+                memory.load_state_dict(state.get(key) or without_residuals(memory.state_dict()))
+
+
+def without_residuals(memory_state: Mapping[str, Any]) -> dict[str, Any]:
+    """A :meth:`hvdsketch.memory.Memory.state_dict` with its residuals left out (its plan kept)."""
+    return {**memory_state, "slots": {}}
+
+
+def _integers(tag: Any) -> list[int]:
+    return [int(v) for v in backend(tag).to_numpy(tag)]
 
 
 def _nonfinite(name: str) -> str:

@@ -12,6 +12,7 @@ multi-round compressors (PowerSGD), error feedback, and reports bytes::
                                                      compression="sketch:error=0.5")
 """
 from hvdsketch.torch.compression import Compression
+from hvdsketch.torch.functions import broadcast_optimizer_state
 from hvdsketch.torch.optimizer import DistributedOptimizer
 
-__all__ = ["Compression", "DistributedOptimizer"]
+__all__ = ["Compression", "DistributedOptimizer", "broadcast_optimizer_state"]
