@@ -27,15 +27,15 @@ hvdsketch's per-rank state. So the optimizer registers, through Horovod's
 """
 from __future__ import annotations
 
-from horovod.torch.elastic.state import StateHandler, get_handler_registry, set_handler_registry
+from typing import Any
 
-from hvdsketch.torch.optimizer import Distributed
+from horovod.torch.elastic.state import StateHandler, get_handler_registry, set_handler_registry
 
 
 class OptimizerStateHandler(StateHandler):
     """``TorchState``'s handler of hvdsketch's optimizers (see the module docstring)."""
 
-    def __init__(self, optimizer: Distributed) -> None:
+    def __init__(self, optimizer: Any) -> None:
         super().__init__(optimizer)
         self._saved = optimizer._local_state()
 
@@ -56,8 +56,9 @@ class OptimizerStateHandler(StateHandler):
             optimizer._join(elastic=True)
 
 
-def register() -> None:
-    """Put :class:`OptimizerStateHandler` first in Horovod's ``TorchState`` handler registry (once)."""
+def register(kind: type) -> None:
+    """Put :class:`OptimizerStateHandler` first in Horovod's ``TorchState`` handler registry for the
+    optimizers of ``kind`` (:class:`hvdsketch.torch.optimizer.Distributed`), once."""
     registry = get_handler_registry()
     if not any(handler is OptimizerStateHandler for _, handler in registry):
-        set_handler_registry([(Distributed, OptimizerStateHandler), *registry])
+        set_handler_registry([(kind, OptimizerStateHandler), *registry])

@@ -398,6 +398,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                           op="sum" if op == hvd.Sum else "average", sparse_as_dense=sparse_as_dense)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     Distributed.register(cls)
-    elastic.register()
+    elastic.register(Distributed)
     return cls(optimizer.param_groups, by_param, exchanger, backward_passes_per_step,
                _groups(groups, [p for p in params if p.requires_grad], by_param))
