@@ -78,7 +78,13 @@ def _setup(exchanger: Exchanger) -> tuple[str, str | None]:
 def gather(exchanger: Exchanger, ops: Any, like: Any) -> dict[str, Any]:
     """The checkpoint of every rank's state (collective: every rank must call it, between steps);
     ``like``: a tensor of the framework on the training device (the check-in's tag goes there)."""
-    exchanger.check_in(agreement.CHECKPOINT, ops, like)
+    try:
+        exchanger.check_in(agreement.CHECKPOINT, ops, like)
+    except agreement.AgreementError:
+        raise
+    except Exception as error:  # the others never came (a timeout), or left (Horovod shut down)
+        raise RuntimeError(f"hvdsketch: rank {exchanger.communicator.rank} could not gather the checkpoint "
+                           f"({error}); {agreement.SAVE}") from error
     compression, memory = _setup(exchanger)
     return {"format": FORMAT, "world": exchanger.communicator.size, "compression": compression, "memory": memory,
             "ranks": allgather_objects(exchanger, exchanger.state_dict(), "checkpoint", ops, like)}
