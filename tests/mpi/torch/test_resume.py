@@ -206,3 +206,19 @@ def test_a_checkpoint_of_another_method_is_a_clear_error_or_an_opted_in_reset(hv
         warnings.simplefilter("ignore", StateReset)
         other.load_state_dict(checkpoint, reset_on_change=True)
     assert other.report()["steps"] == 2
+
+
+def test_a_gather_the_other_ranks_never_join_ends_with_the_fix_named(hvd):
+    """The other ranks neither train nor gather (here: they wait at a barrier): rank 0's check-in
+    gives up after ``checkin_seconds`` (its own prefix: its tag stays in flight unmatched)."""
+    from hvdsketch.collectives.horovod import HorovodCommunicator
+    from hvdsketch.exchange import Exchanger, checkpoint
+    from hvdsketch.ops import torch as torch_ops
+    from hvdsketch.policy import create
+
+    exchanger = Exchanger(create("topk:ratio=0.05"), HorovodCommunicator(hvd), prefix="resume.never")
+    exchanger.checkin_seconds = 1.0
+    if hvd.rank() == 0:
+        with pytest.raises(RuntimeError, match=r"waited 1 s.*call state_dict\(\) on every rank, then save on rank 0"):
+            checkpoint.gather(exchanger, torch_ops, torch.zeros(1))
+    hvd.barrier()
