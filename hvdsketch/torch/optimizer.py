@@ -222,13 +222,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._delay = {p: self.backward_passes_per_step for p in self._delay}
         self._synchronized = False
         if ours is not None and self._included:
-            self._exchanger.load_state_dict(states[self._exchanger.communicator.rank], self._convert)
+            self._exchanger.load_state_dict(states[self._exchanger.communicator.rank], self._converter())
             self._loaded = states
 
-    def _convert(self, name: str, array: np.ndarray) -> torch.Tensor:
-        """A checkpoint's array as a tensor on the device of the parameter ``name`` (or the host)."""
-        device = next((p.device for p, n in self._names.items() if n == name), "cpu")
-        return torch.from_numpy(np.array(array)).to(device)
+    def _converter(self) -> Any:
+        """What makes a checkpoint's array a tensor on the device of the parameter it belongs to."""
+        devices = {n: p.device for p, n in self._names.items()}
+        return lambda name, array: torch.from_numpy(np.array(array)).to(devices.get(name, "cpu"))
 
     # -- broadcast from a root and Horovod elastic (hvdsketch.torch.functions, .elastic) -----------
 
@@ -247,7 +247,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._included:
             state = checkpoint.broadcast(self._exchanger, self._loaded, root_rank, torch_ops, self._like)
             if state is not None:
-                self._exchanger.load_state_dict(state, self._convert)
+                self._exchanger.load_state_dict(state, self._converter())
 
     def _abandon(self) -> None:
         """Forget a step broken off by a failure: its exchanges never finish."""
@@ -266,7 +266,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._abandon()
         state = copy.deepcopy(state)
         super(self.__class__, self).load_state_dict(state["torch"])
-        self._exchanger.load_state_dict(state["hvdsketch"], self._convert)
+        self._exchanger.load_state_dict(state["hvdsketch"], self._converter())
 
     def report(self) -> dict[str, Any]:
         """Bytes this rank sent (per collective and in total) against dense ring allreduce, and the
