@@ -13,6 +13,7 @@ hvdsketch's own mpi4py layer.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Protocol, Sequence
 
 from hvdsketch.collectives.stats import CommStats
@@ -36,3 +37,11 @@ class Communicator(Protocol):
 def reduce(communicator: Communicator, messages: Sequence[Message], name: str) -> list[Any]:
     """The messages reduced, blocking: for what runs between steps (probes, agreement, decisions)."""
     return communicator.start(messages, name).wait()
+
+
+def side_channel(communicator: Communicator) -> Communicator:
+    """The communicator with counters of its own, so collectives that carry no gradients (a
+    policy's probe and agreement, checkpoints) are not counted as gradient bytes."""
+    side = copy.copy(communicator)
+    side.stats = CommStats()
+    return side

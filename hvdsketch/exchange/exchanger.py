@@ -36,6 +36,9 @@ order on every rank (:mod:`~hvdsketch.exchange.ordering`): the adapter names
 the tensors of a step with :meth:`Exchanger.expect` (``exchange`` names its
 own), and a round waits in a queue until every round before it in that order
 has been launched.
+
+Checkpoints (:mod:`~hvdsketch.exchange.checkpoint`): :meth:`Exchanger.state_dict`
+is this rank's state; the adapters gather every rank's into one checkpoint.
 """
 from __future__ import annotations
 
@@ -89,10 +92,15 @@ class Exchanger:
         self.policy, self.communicator, self.memory = policy, communicator, memory
         self.op, self.sparse_as_dense, self.prefix = op, sparse_as_dense, prefix
         self.step = 0
+        #: The number of ranks this rank's state was made with (set when the ranks agree,
+        #: :mod:`~hvdsketch.exchange.checkpoint`), ``None`` before.
+        self.world: int | None = None
         #: Residuals of the methods whose error feedback is their own, when ``memory`` is ``None``.
         self.own_memory = Memory(default=Fp32(), spec="fp32")
         self.watchdog = Watchdog(float(os.environ.get("HVDSKETCH_STALL_SECONDS", 30)))
         self._waiting_for = ""
+        #: How long :meth:`check_in` waits for the other ranks (``HVDSKETCH_CHECKIN_SECONDS``).
+        self.checkin_seconds = float(os.environ.get("HVDSKETCH_CHECKIN_SECONDS", 300))
         self._setup = 0
         #: The tensors' names in the adapter's order (parameters, sources), from :meth:`verify`.
         self.order: dict[str, int] = {}
@@ -288,10 +296,35 @@ class Exchanger:
                 f"have started the same exchanges")
 
     def _check_step(self, tag: Any) -> None:
-        """Every rank sent the same step and setup, else the same error on every rank (the tag is a
-        host tensor: checking it waits for no device)."""
-        if not backend(tag).all_true([agreement.step_agrees(backend(tag), tag)]):
-            raise agreement.step_error(self.step, self.communicator.rank)
+        """Every rank sent the same step, setup and activity, else the same error on every rank (the
+        tag is a host tensor: checking it waits for no device)."""
+        ops = backend(tag)
+        if not ops.all_true([agreement.step_agrees(ops, tag)]):
+            raise agreement.step_error(self.step, self.communicator.rank, _integers(tag))
+
+    def check_in(self, activity: int, ops: Any) -> None:
+        """Send the step tag for ``activity`` (:data:`~hvdsketch.exchange.agreement.CHECKPOINT`) between
+        steps and wait for it: every rank must be at the same step with the same setup, doing the same.
+        A rank alone here meets the others' next training step and both raise; a rank whose other
+        ranks never come raises ``TimeoutError`` after ``checkin_seconds``."""
+        if self._flights or self._tag is not None:
+            raise RuntimeError("hvdsketch: a step is under way (its gradients' exchanges have started); call "
+                               "this after optimizer.step(), not between backward() and step()")
+        handle = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup, activity)])
+        deadline = time.monotonic() + self.checkin_seconds
+        while not handle.test():  # polled: the one wait that must give up
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"hvdsketch: rank {self.communicator.rank} waited {self.checkin_seconds:.0f} s "
+                                   f"for the other ranks' check-in; {agreement.SAVE}")
+            time.sleep(0.01)
+        self._check_step(handle.wait()[0])
+
+    def abandon(self) -> None:
+        """Forget a step broken off (a failed collective, Horovod elastic's reset): its exchanges and
+        tag never finish; what the memory kept of it stays."""
+        self._flights.clear()
+        self._inputs.clear()
+        self._tag = None
 
     def _check(self, results: dict[str, Any]) -> dict[str, Any]:
         """Every result finite, else the same error on every rank: one host sync eagerly; inside
@@ -321,29 +354,47 @@ class Exchanger:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state: the step (it seeds the hashes), the policy's choices, the compressors'
-        per-tensor state and the residuals, as numpy arrays and plain values."""
+        per-tensor state and the residuals, as numpy arrays and plain values. Only this rank's: a
+        checkpoint of every rank gathers it from each (:func:`hvdsketch.exchange.checkpoint.gather`)."""
         compressors = {flag: c.state_dict() for flag, c in self.policy.compressors().items()}
-        return {"step": self.step, "policy": self.policy.state_dict(),
+        return {"step": self.step, "world": self.world, "policy": self.policy.state_dict(),
                 "compressors": {flag: s for flag, s in compressors.items() if s},
                 "memory": None if self.memory is None else self.memory.state_dict(),
                 "own_memory": self.own_memory.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any], convert: Any) -> None:
-        """Restore :meth:`state_dict`; ``convert(name, array)`` makes the tensor of each array."""
+        """Restore :meth:`state_dict`; ``convert(name, array)`` makes the tensor of each array.
+
+        The step, the compressors' state and both memories' residuals are replaced: what ``state``
+        leaves out starts afresh (so a state without them resets them). The policy (and the plan of a
+        planned memory, with ``memory`` given without residuals) is restored where ``state`` has it
+        and left as it is where not."""
         if self._flights:
             raise RuntimeError("hvdsketch: cannot load state while exchanges are in flight")
         self.step = int(state["step"])
-        self.policy.load_state_dict(state.get("policy") or {})
+        self.world = state.get("world")
+        if state.get("policy") is not None:
+            self.policy.load_state_dict(state["policy"])
         compressors = self.policy.compressors()
-        for flag, compressor_state in (state.get("compressors") or {}).items():
+        saved = state.get("compressors") or {}
+        for flag in saved:
             if flag not in compressors:
                 raise ValueError(f"hvdsketch: the checkpoint holds state of compressor {flag!r}, which "
                                  f"this run's compression {self.policy} does not use")
-            compressors[flag].load_state_dict(compressor_state, convert)
-        if self.memory is not None and state.get("memory") is not None:
-            self.memory.load_state_dict(state["memory"])
-        if state.get("own_memory") is not None:
-            self.own_memory.load_state_dict(state["own_memory"])
+        for flag, compressor in compressors.items():
+            compressor.load_state_dict(saved.get(flag, {}), convert)
+        for memory, key in ((self.memory, "memory"), (self.own_memory, "own_memory")):
+            if memory is not None:
+                memory.load_state_dict(state.get(key) or without_residuals(memory.state_dict()))
+
+
+def without_residuals(memory_state: Mapping[str, Any]) -> dict[str, Any]:
+    """A :meth:`hvdsketch.memory.Memory.state_dict` with its residuals left out (its plan kept)."""
+    return {**memory_state, "slots": {}}
+
+
+def _integers(tag: Any) -> list[int]:
+    return [int(v) for v in backend(tag).to_numpy(tag)]
 
 
 def _with_values(result: Any, values: Any) -> Any:

@@ -59,12 +59,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch import spec as _spec
-from hvdsketch.collectives import Communicator, reduce
+from hvdsketch.collectives import Communicator, reduce, side_channel
 from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
 from hvdsketch.compress.union import Union
 from hvdsketch.memory.stores import flag
 from hvdsketch.ops import backend
-from hvdsketch.policy.base import Policy, announce, side_channel
+from hvdsketch.policy.base import Policy, announce
 from hvdsketch.policy.cost import (BLOCK, Link, Measurement, densities, measure, parse_bandwidth, parse_latency,
                                    union_bytes, values_of)
 from hvdsketch.policy.probe import probe

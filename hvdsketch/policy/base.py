@@ -21,12 +21,10 @@ decision.
 """
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 from hvdsketch.collectives import Communicator
-from hvdsketch.collectives.stats import CommStats
 from hvdsketch.compress import Compressor, TensorContext
 from hvdsketch.policy.table import Assignment, format_table
 
@@ -86,12 +84,6 @@ class Fixed(Policy):
         return str(self._compressor)
 
 
-def side_channel(communicator: Communicator) -> Communicator:
-    """The communicator with counters of its own, so a policy's collectives (probe, agreement)
-    are not counted as gradient bytes."""
-    side = copy.copy(communicator)
-    side.stats = CommStats()
-    return side
 
 
 def announce(rows: Sequence[Assignment], title: str, communicator: Communicator) -> None:

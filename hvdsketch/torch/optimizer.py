@@ -13,14 +13,25 @@ compressors that need allgathers or several rounds (top-k, PowerSGD), error
 feedback from a residual memory, keeps row-sparse embedding gradients sparse
 end to end, and counts the bytes it sends.
 
-At construction every rank checks that all ranks run the same compressor,
-memory and parameter shapes, and every step that they are at the same step; a
-mismatch raises on every rank. A parameter that gets no gradient on some rank
-in a step (a branch taken on other ranks only) takes part with zeros, as in
+At its first step every rank checks that all ranks run the same compressor,
+memory and parameter shapes (the optimizer is made without talking to other
+ranks, so a worker that Horovod elastic adds can make it while the others
+wait to sync), and every step that they are at the same step; a mismatch
+raises on every rank. A parameter that gets no gradient on some rank in a
+step (a branch taken on other ranks only) takes part with zeros, as in
 Horovod, so every rank starts the same exchanges.
+
+Checkpoints carry every rank's state (:meth:`state_dict` is collective):
+rank 0 saves one file, and every rank resumes exactly from it, loaded on every
+rank or loaded on rank 0 and broadcast with
+:func:`hvdsketch.torch.broadcast_optimizer_state`. Inside ``hvd.elastic.run``
+with ``hvd.elastic.TorchState`` the state is handled by
+:mod:`hvdsketch.torch.elastic`.
 """
 from __future__ import annotations
 
+import abc
+import copy
 import math
 import warnings
 from contextlib import contextmanager
@@ -31,10 +42,15 @@ import torch
 
 from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.compress import Compressor, RowSparse
-from hvdsketch.exchange import Exchanger
+from hvdsketch.exchange import Exchanger, checkpoint
 from hvdsketch.memory import Memory
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.policy import Policy
+
+
+class Distributed(abc.ABC):
+    """What every optimizer :func:`DistributedOptimizer` makes is an instance of (its class is made
+    per wrapped optimizer class, a subclass of it, as Horovod makes its own)."""
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -53,10 +69,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._requires_update = [p for p in names if p.requires_grad]
+        self._loaded: list[dict[str, Any]] | None = None  # every rank's state from the last load, until a step
+        self._torch_only = False
         process_set = getattr(exchanger.communicator, "process_set", None)
         self._included = process_set is None or process_set.included()
         if self._included:  # as in Horovod, ranks outside the process set neither hook nor exchange
-            exchanger.verify([(n, tuple(p.shape)) for p, n in names.items()], torch_ops)
             exchanger.expect([names[p] for p in reversed(self._requires_update)])  # backward: last layer first
             self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(p)) for p in self._requires_update]
 
@@ -89,8 +106,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     if p in self._sparse else torch.zeros_like(p))
         elif grad.is_sparse:
             self._sparse[p] = grad.sparse_dim()
+        if not self._started:
+            self._join()
         self._started.add(p)
         self._exchanger.start(self._names[p], _as_hvdsketch(grad))
+
+    def _join(self, elastic: bool = False) -> None:
+        """Where a world begins (the first step; the first after Horovod elastic changed the number
+        of ranks; elastic's sync, ``elastic=True``), check with every rank that they agree
+        (:func:`hvdsketch.exchange.checkpoint.join`)."""
+        exchanger = self._exchanger
+        if elastic or not exchanger.verified or exchanger.world != exchanger.communicator.size:
+            checkpoint.join(exchanger, [(n, tuple(p.shape)) for p, n in self._names.items()], torch_ops,
+                            elastic=elastic or exchanger.verified)
 
     def synchronize(self) -> None:
         """Wait for every gradient's exchange and put the averages in ``.grad``; called by :meth:`step`.
@@ -103,7 +131,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._requires_update:
             if p not in self._started:
                 self._start(p)
+        if not self._started:
+            self._join()
         averaged = self._exchanger.finish()
+        self._loaded = None
         for p in self._requires_update:
             result = _as_torch(averaged[self._names[p]])
             if p in self._sparse:  # the layout autograd gives, whatever the compressor sent
@@ -129,6 +160,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        if self._torch_only:  # Horovod's broadcast_optimizer_state making the wrapped optimizer's state
+            return super(self.__class__, self).step(closure)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -155,22 +188,88 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # -- checkpoints and reports ------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state plus hvdsketch's (:meth:`hvdsketch.exchange.Exchanger.state_dict`):
-        the step, the policy's choices, the compressors' per-tensor state and the residuals."""
+        """The wrapped optimizer's state plus, under ``"hvdsketch"``, every rank's hvdsketch state
+        (:mod:`hvdsketch.exchange.checkpoint`: each rank's step, policy decisions, compressors'
+        per-tensor state and residuals), so the file rank 0 saves resumes every rank.
+
+        **Collective**: every rank must call it, between steps, and then rank 0 saves::
+
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            if hvd.rank() == 0:
+                torch.save(state, path)
+
+        Called on rank 0 alone it raises there (and the other ranks' next step raises too) rather
+        than waiting for ranks that never come.
+        """
         state = super(self.__class__, self).state_dict()
-        state["hvdsketch"] = self._exchanger.state_dict()
+        if not self._torch_only:
+            state["hvdsketch"] = (checkpoint.gather(self._exchanger, torch_ops)
+                                  if self._included else None)
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], reset_on_change: bool = False) -> None:
+        """Resume from :meth:`state_dict`'s checkpoint: the wrapped optimizer's state, and this rank's
+        entry of every rank's hvdsketch state. Load it on every rank, or on rank 0 and then call
+        :func:`hvdsketch.torch.broadcast_optimizer_state`.
+
+        A checkpoint made with another number of ranks or another compression or memory setup
+        raises ``ValueError``; with ``reset_on_change=True`` it loads instead with every rank's
+        residuals and compressors' state started afresh (the step kept; for another number of
+        ranks also rank 0's policy decisions and memory plan), and a warning on rank 0
+        (:class:`hvdsketch.exchange.checkpoint.StateReset`)."""
         state_dict = dict(state_dict)
         ours = state_dict.pop("hvdsketch", None)
+        if ours is not None and self._included:
+            states = checkpoint.resolve(ours, self._exchanger, reset_on_change)
         super(self.__class__, self).load_state_dict(state_dict)
         self._delay = {p: self.backward_passes_per_step for p in self._delay}
         self._synchronized = False
-        if ours is not None:
-            devices = {name: p.device for p, name in self._names.items()}
-            self._exchanger.load_state_dict(
-                ours, lambda name, array: torch.from_numpy(np.array(array)).to(devices.get(name, "cpu")))
+        if ours is not None and self._included:
+            self._exchanger.load_state_dict(states[self._exchanger.communicator.rank], self._converter())
+            self._loaded = states
+
+    def _converter(self) -> Any:
+        """What makes a checkpoint's array a tensor on the device of the parameter it belongs to."""
+        devices = {n: p.device for p, n in self._names.items()}
+        return lambda name, array: torch.from_numpy(np.array(array)).to(devices.get(name, "cpu"))
+
+    # -- broadcast from a root and Horovod elastic (hvdsketch.torch.functions, .elastic) -----------
+
+    @contextmanager
+    def _torch_state_only(self):
+        """Within it ``state_dict()`` is the wrapped optimizer's alone and ``step()`` its step without
+        an exchange: what Horovod's ``broadcast_optimizer_state`` may call to make and send it."""
+        self._torch_only = True
+        try:
+            yield
+        finally:
+            self._torch_only = False
+
+    def _distribute(self, root_rank: int) -> None:
+        """Every rank takes its own state from the checkpoint the root loaded (collective)."""
+        if self._included:
+            state = checkpoint.broadcast(self._exchanger, self._loaded, root_rank, torch_ops)
+            if state is not None:
+                self._exchanger.load_state_dict(state, self._converter())
+
+    def _abandon(self) -> None:
+        """Forget a step broken off by a failure: its exchanges never finish."""
+        self._exchanger.abandon()
+        self._started.clear()
+        self._ready.clear()
+        self._delay = {p: self.backward_passes_per_step for p in self._delay}
+        self._synchronized = False
+
+    def _local_state(self) -> dict[str, Any]:
+        """A copy of this rank's state alone (no communication): what elastic commits."""
+        return copy.deepcopy({"torch": super(self.__class__, self).state_dict(),
+                              "hvdsketch": self._exchanger.state_dict()})
+
+    def _load_local_state(self, state: dict[str, Any]) -> None:
+        self._abandon()
+        state = copy.deepcopy(state)
+        super(self.__class__, self).load_state_dict(state["torch"])
+        self._exchanger.load_state_dict(state["hvdsketch"], self._converter())
 
     def report(self) -> dict[str, Any]:
         """Bytes this rank sent (per collective and in total) against dense ring allreduce, and the
@@ -317,6 +416,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     import horovod.torch as hvd
 
     from hvdsketch.memory import create as create_memory
+    from hvdsketch.torch import elastic
     from hvdsketch.policy import create as create_policy
 
     _check_arguments(optimizer, backward_passes_per_step, gradient_predivide_factor, sparse_as_dense)
@@ -349,5 +449,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     exchanger = Exchanger(policy, communicator, None if memory is None else create_memory(memory),
                           op="sum" if op == hvd.Sum else "average", sparse_as_dense=sparse_as_dense)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    Distributed.register(cls)
+    elastic.register(Distributed)
     return cls(optimizer.param_groups, by_param, exchanger, backward_passes_per_step,
                _groups(groups, [p for p in params if p.requires_grad], by_param))

@@ -174,6 +174,6 @@ def test_a_rank_at_another_step_fails_on_every_rank(hvd):
     if hvd.rank() == 0:
         resumed.load_state_dict(saved)
     tokens, labels = batch(hvd.rank(), 0)
-    torch.nn.functional.cross_entropy(model(tokens), labels).backward()
-    with pytest.raises(AgreementError, match="different steps"):
+    with pytest.raises(AgreementError, match="different steps"):  # where the new world begins: the first step
+        torch.nn.functional.cross_entropy(model(tokens), labels).backward()
         resumed.step()

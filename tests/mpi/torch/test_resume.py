@@ -1,22 +1,56 @@
-"""A run resumed from a checkpoint continues exactly as the uninterrupted run (error feedback included)."""
+"""Horovod's checkpoint habit: rank 0 saves one file, every rank resumes from it exactly.
+
+Every rank calls ``optimizer.state_dict()`` (it gathers every rank's residuals and
+compressors' state), rank 0 alone ``torch.save``s it into a folder all ranks
+share, and a fresh model and optimizer on every rank load that file (or rank 0
+loads it and broadcasts): the continuation equals the uninterrupted run bit for
+bit. Giving every rank rank 0's hvdsketch state instead (what a checkpoint of
+rank 0's state alone would do) makes it differ, so the tests can fail.
+"""
 import copy
+import os
+import shutil
+import tempfile
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
+import hvdsketch.torch as hvdsketch_torch
+from hvdsketch.exchange import AgreementError
+from hvdsketch.exchange.checkpoint import StateReset
 from hvdsketch.torch import DistributedOptimizer
 
+#: (compression, memory): residual stores, methods with state of their own, the sketch, auto.
+CASES = [("topk:ratio=0.05", "fp32"), ("topk:ratio=0.05", "fp16"), ("topk:ratio=0.05", "topk:ratio=0.2"),
+         ("dgc:ratio=0.05", None), ("efsignsgd", None), ("powersgd:rank=2", None),
+         ("sketch:error=0.5", "fp32"), ("sketch:density=0.05", "fp32"),
+         ("auto:bandwidth=10mbit,latency=10us,warmup=2", "fp32")]
+STEPS = 5
 
-def make(memory, compression="sketch:error=0.7,density=0.05"):
+
+@pytest.fixture(scope="module")
+def folder(hvd):
+    """A folder every rank sees: made on rank 0, its path broadcast."""
+    path = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdsketch-resume-") if hvd.rank() == 0 else None, 0,
+                               name="resume.folder")
+    yield path
+    hvd.barrier()
+    if hvd.rank() == 0:
+        shutil.rmtree(path)
+
+
+def make(compression, memory, tag=""):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(3000, 8), torch.nn.Flatten(), torch.nn.Linear(8 * 6, 4))
-    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9),
-                                     model.named_parameters(), compression=compression, memory=memory)
+    named = [(f"{tag}{name}", p) for name, p in model.named_parameters()]
+    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9), named,
+                                     compression=compression, memory=memory)
     return model, optimizer
 
 
-def train(model, optimizer, steps, rank, start):
+def train(model, optimizer, start, steps, rank):
     for step in range(start, start + steps):
         rng = np.random.default_rng([rank, step])
         tokens = torch.from_numpy(rng.integers(0, 3000, size=(16, 6)))
@@ -26,64 +60,165 @@ def train(model, optimizer, steps, rank, start):
         optimizer.step()
 
 
-@pytest.mark.parametrize("memory", ["fp32", "fp16", "topk:ratio=0.2"])
-def test_resume_is_bit_identical(hvd, memory):
-    model, optimizer = make(memory)
-    train(model, optimizer, 10, hvd.rank(), 0)
-    checkpoint = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
-    assert checkpoint["optimizer"]["hvdsketch"]["memory"] is not None
-    train(model, optimizer, 10, hvd.rank(), 10)
-
-    resumed_model, resumed_optimizer = make(memory)
-    resumed_model.load_state_dict(checkpoint["model"])
-    resumed_optimizer.load_state_dict(checkpoint["optimizer"])
-    train(resumed_model, resumed_optimizer, 10, hvd.rank(), 10)
-
-    for a, b in zip(model.parameters(), resumed_model.parameters()):
-        assert torch.equal(a, b)
-    # and without the residuals the continuation differs: the test can fail
-    forgetful_model, forgetful_optimizer = make(memory)
-    forgetful_model.load_state_dict(checkpoint["model"])
-    state = dict(checkpoint["optimizer"], hvdsketch={"step": 10, "memory": None})
-    forgetful_optimizer.load_state_dict(state)
-    train(forgetful_model, forgetful_optimizer, 10, hvd.rank(), 10)
-    assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), forgetful_model.parameters()))
+def save(hvd, model, optimizer, path):
+    """The habit: every rank gathers, rank 0 writes, the others wait for the file."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    if hvd.rank() == 0:
+        torch.save(state, path)
+    hvd.barrier()
 
 
-@pytest.mark.parametrize("compression", ["powersgd:rank=2", "dgc:ratio=0.05", "efsignsgd", "sketch:error=0.5",
-                                         {"rules": [{"name": "0.*", "compression": "dgc:ratio=0.1"}],
-                                          "default": "powersgd:rank=1"}], ids=str)
-def test_compressor_state_is_in_the_checkpoint(hvd, compression):
-    """PowerSGD's Q and residuals, DGC's velocity and accumulation, EF-SignSGD's residuals (the
-    methods' own error feedback), the sketch's dense latch:
-    resumed equals uninterrupted bit for bit, and starting them afresh differs where there is state."""
-    model, optimizer = make(None, compression)
-    train(model, optimizer, 6, hvd.rank(), 0)
-    checkpoint = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
-    train(model, optimizer, 6, hvd.rank(), 6)
+def load(path):
+    return torch.load(path, weights_only=False)
 
-    resumed_model, resumed_optimizer = make(None, compression)
-    resumed_model.load_state_dict(checkpoint["model"])
-    resumed_optimizer.load_state_dict(checkpoint["optimizer"])
-    train(resumed_model, resumed_optimizer, 6, hvd.rank(), 6)
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), resumed_model.parameters()))
 
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def uninterrupted(hvd, case, path):
+    """Train ``STEPS`` steps, save, train ``STEPS`` more: the model of the run never stopped."""
+    model, optimizer = make(*case)
+    train(model, optimizer, 0, STEPS, hvd.rank())
+    save(hvd, model, optimizer, path)
+    train(model, optimizer, STEPS, STEPS, hvd.rank())
+    return model
+
+
+def resumed(hvd, case, checkpoint, on_rank_0_only=False):
+    model, optimizer = make(*case)
+    if not on_rank_0_only or hvd.rank() == 0:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    if on_rank_0_only:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvdsketch_torch.broadcast_optimizer_state(optimizer, root_rank=0)
+    train(model, optimizer, STEPS, STEPS, hvd.rank())
+    return model
+
+
+def with_rank_0_state_everywhere(checkpoint):
+    """The checkpoint as a rank-0-only one would resume: every rank with rank 0's hvdsketch state."""
+    checkpoint = copy.deepcopy(checkpoint)
     ours = checkpoint["optimizer"]["hvdsketch"]
-    saved = ours["compressors"]
-    assert saved or ours["own_memory"]["slots"], "a stateful method saved no state"  # EF-SignSGD: residuals
-    if str(compression).startswith("sketch"):  # the dense linear layer is latched; dense either way afresh
-        assert set(saved["sketch"]["_dense_for"]) == {"2.weight", "2.bias"}
-        return
-    fresh_model, fresh_optimizer = make(None, compression)
-    fresh_model.load_state_dict(checkpoint["model"])
-    fresh_optimizer.load_state_dict(dict(checkpoint["optimizer"], hvdsketch={"step": 6, "memory": None}))
-    train(fresh_model, fresh_optimizer, 6, hvd.rank(), 6)
-    assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh_model.parameters()))
+    ours["ranks"] = [ours["ranks"][0]] * len(ours["ranks"])
+    return checkpoint
 
 
-def test_a_checkpoint_of_another_method_is_a_clear_error(hvd):
-    model, optimizer = make(None, "powersgd:rank=2")
-    train(model, optimizer, 2, hvd.rank(), 0)
-    _, other = make(None, "dgc:ratio=0.05")
-    with pytest.raises(ValueError, match="powersgd:rank=2.*does not use"):
-        other.load_state_dict(optimizer.state_dict())
+@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case[0]}|{case[1]}")
+def test_one_file_saved_on_rank_0_resumes_every_rank_exactly(hvd, folder, case):
+    path = os.path.join(folder, "checkpoint.pt")
+    model = uninterrupted(hvd, case, path)
+    checkpoint = load(path)
+    assert len(checkpoint["optimizer"]["hvdsketch"]["ranks"]) == hvd.size()
+    assert same(model, resumed(hvd, case, load(path)))
+    # each rank needs its own state: with rank 0's on every rank the continuation differs
+    assert not same(model, resumed(hvd, case, with_rank_0_state_everywhere(checkpoint)))
+
+
+@pytest.mark.parametrize("case", [CASES[0], ("powersgd:rank=2", None)], ids=lambda case: case[0])
+def test_loaded_on_rank_0_and_broadcast_resumes_every_rank_exactly(hvd, folder, case):
+    path = os.path.join(folder, "broadcast.pt")
+    model = uninterrupted(hvd, case, path)
+    checkpoint = load(path) if hvd.rank() == 0 else None
+    assert same(model, resumed(hvd, case, checkpoint, on_rank_0_only=True))
+
+
+def test_horovods_broadcast_after_a_rank_0_load_names_the_supported_way(hvd, folder):
+    path = os.path.join(folder, "horovod.pt")
+    uninterrupted(hvd, CASES[0], path)
+    model, optimizer = make(*CASES[0])
+    if hvd.rank() == 0:
+        optimizer.load_state_dict(load(path)["optimizer"])
+    with pytest.raises(AgreementError, match="different steps.*hvdsketch.torch.broadcast_optimizer_state"):
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+
+def test_a_load_on_rank_0_alone_fails_the_next_step_on_every_rank(hvd, folder):
+    path = os.path.join(folder, "alone.pt")
+    uninterrupted(hvd, CASES[0], path)
+    model, optimizer = make(*CASES[0])
+    if hvd.rank() == 0:
+        optimizer.load_state_dict(load(path)["optimizer"])
+    with pytest.raises(AgreementError, match="different steps.*loaded on every rank.*broadcast_optimizer_state"):
+        train(model, optimizer, 0, 1, hvd.rank())
+
+
+def test_horovods_broadcast_at_the_start_of_training_works_as_with_horovods_optimizer(hvd):
+    model, optimizer = make(*CASES[0], tag="start.")
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    train(model, optimizer, 0, 2, hvd.rank())
+    assert optimizer.report()["steps"] == 3  # Horovod's made the momentum buffers with one step of zeros
+
+
+def test_state_dict_on_rank_0_alone_raises_on_every_rank_instead_of_hanging(hvd):
+    # its own parameter names: the other ranks' exchanges of the step rank 0 never joins stay in flight
+    model, optimizer = make(*CASES[0], tag="alone.")
+    train(model, optimizer, 0, 2, hvd.rank())
+    if hvd.rank() == 0:
+        with pytest.raises(AgreementError, match=r"call state_dict\(\) on every rank, then save on rank 0"):
+            optimizer.state_dict()
+    else:
+        with pytest.raises(AgreementError, match=r"gather a checkpoint while others train.*every rank"):
+            train(model, optimizer, 2, 1, hvd.rank())
+
+
+def _other_world(checkpoint, size):
+    """``checkpoint`` as if made by ``size`` ranks (the ranks' entries repeated or cut)."""
+    checkpoint = copy.deepcopy(checkpoint)
+    ours = checkpoint["hvdsketch"]
+    ours["ranks"] = (ours["ranks"] * size)[:size]
+    ours["world"] = size
+    return checkpoint
+
+
+def test_a_checkpoint_of_another_world_size_is_a_clear_error_or_an_opted_in_logged_reset(hvd):
+    model, optimizer = make(*CASES[0], tag="world.")
+    train(model, optimizer, 0, 3, hvd.rank())
+    other = 4 if hvd.size() == 2 else 2
+    checkpoint = _other_world(optimizer.state_dict(), other)
+    resumed_model, resumed_optimizer = make(*CASES[0], tag="world.")
+    with pytest.raises(ValueError, match=rf"{other} ranks \(this run has {hvd.size()}\).*reset_on_change=True"):
+        resumed_optimizer.load_state_dict(copy.deepcopy(checkpoint))
+    resumed_model.load_state_dict(model.state_dict())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed_optimizer.load_state_dict(checkpoint, reset_on_change=True)
+    resets = [w for w in caught if issubclass(w.category, StateReset)]
+    assert len(resets) == (hvd.rank() == 0)
+    assert all("start afresh at step 3" in str(w.message) for w in resets)
+    report = resumed_optimizer.report()
+    assert report["steps"] == 3 and report["residual_bytes"] == 0
+    train(resumed_model, resumed_optimizer, 3, 2, hvd.rank())  # and training goes on, alike on every rank
+    weights = hvd.allgather(resumed_model[2].weight.detach()[None], name="resume.weights")
+    assert all(torch.equal(weights[0], w) for w in weights)
+
+
+def test_a_checkpoint_of_another_method_is_a_clear_error_or_an_opted_in_reset(hvd):
+    model, optimizer = make("powersgd:rank=2", None, tag="method.")
+    train(model, optimizer, 0, 2, hvd.rank())
+    checkpoint = optimizer.state_dict()
+    _, other = make("dgc:ratio=0.05", None, tag="method.")
+    with pytest.raises(ValueError, match="compression 'powersgd:rank=2'.*this run: 'dgc:ratio=0.05'"):
+        other.load_state_dict(copy.deepcopy(checkpoint))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StateReset)
+        other.load_state_dict(checkpoint, reset_on_change=True)
+    assert other.report()["steps"] == 2
+
+
+def test_a_gather_the_other_ranks_never_join_ends_with_the_fix_named(hvd):
+    """The other ranks neither train nor gather (here: they wait at a barrier): rank 0's check-in
+    gives up after ``checkin_seconds`` (its own prefix: its tag stays in flight unmatched)."""
+    from hvdsketch.collectives.horovod import HorovodCommunicator
+    from hvdsketch.exchange import Exchanger, checkpoint
+    from hvdsketch.ops import torch as torch_ops
+    from hvdsketch.policy import create
+
+    exchanger = Exchanger(create("topk:ratio=0.05"), HorovodCommunicator(hvd), prefix="resume.never")
+    exchanger.checkin_seconds = 1.0
+    if hvd.rank() == 0:
+        with pytest.raises(RuntimeError, match=r"waited 1 s.*call state_dict\(\) on every rank, then save on rank 0"):
+            checkpoint.gather(exchanger, torch_ops)
+    hvd.barrier()
