@@ -297,7 +297,7 @@ def test_byte_formulas_match_the_mpi_counters(tmp_path):
     counts = json.loads(done.stdout.split("RESULT ", 1)[1])
     sent = {label: np.mean([c[0][label] for c in counts]) for label in counts[0][0]}
     k, union = np.mean([c[1] for c in counts]), counts[0][2]
-    tag = 2 * (n - 1) / n * 32  # the exchanger's step check: four int64 riding every step
+    tag = 2 * (n - 1) / n * 48  # the exchanger's step check: six int64 riding every step
     assert sent["none"] - tag == pytest.approx(scaling.dense_bytes(n, 1001, 6))
     assert sent["allgather"] - tag == pytest.approx(scaling.allgather_bytes(n, k, 6))
     assert sent["union"] - tag == pytest.approx(scaling.union_bytes(n, 1001, union, 6))

@@ -115,7 +115,9 @@ class WorkloadRuns:
     ``quality``: ``[epochs, steps_per_epoch]`` of the unshaped cells (rate ``none``), long enough for
     the methods' quality to separate; a validation after each epoch makes each run's quality curve.
     The shaped cells time steps with ``epochs`` x ``steps_per_epoch``; the report joins the two (time
-    to a quality = steps to reach it, unshaped, x step time, shaped)."""
+    to a quality = steps to reach it, unshaped, x step time, shaped). ``workload`` replaces the
+    config's workload flag (e.g. to validate on fewer examples); ``rates`` and ``ranks`` keep the
+    workload to some of the matrix's cells."""
 
     name: str
     config: str
@@ -124,6 +126,9 @@ class WorkloadRuns:
     probe: str | None = None
     probe_steps: int = 10
     quality: tuple[int, int] | None = None
+    workload: str | None = None
+    rates: tuple[str, ...] | None = None
+    ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if min(self.epochs, self.steps_per_epoch, self.probe_steps) < 1:
@@ -132,6 +137,12 @@ class WorkloadRuns:
             if len(self.quality) != 2 or min(self.quality) < 1:
                 raise SpecError(f"workload {self.name}: quality must be [epochs, steps_per_epoch], got {self.quality}")
             object.__setattr__(self, "quality", tuple(int(v) for v in self.quality))
+        for key in ("rates", "ranks"):
+            if getattr(self, key) is not None:
+                object.__setattr__(self, key, tuple(getattr(self, key)))
+
+    def runs_in(self, rate: str, ranks: int) -> bool:
+        return (self.rates is None or rate in self.rates) and (self.ranks is None or ranks in self.ranks)
 
     def budget(self, rate: str) -> tuple[int, int]:
         """``(epochs, steps_per_epoch)`` of a run at ``rate``."""
@@ -141,7 +152,8 @@ class WorkloadRuns:
         """The workload's YAML with the entry's settings and the step budget at ``rate`` laid over it."""
         raw = yaml.safe_load(Path(self.config).read_text()) or {}
         epochs, steps = self.budget(rate)
-        return {**raw, **entry.overrides(), "epochs": epochs, "steps_per_epoch": steps}
+        return {**raw, **({"workload": self.workload} if self.workload else {}), **entry.overrides(),
+                "epochs": epochs, "steps_per_epoch": steps}
 
 
 @dataclass(frozen=True)
@@ -245,12 +257,15 @@ class Matrix:
         return [e for e in self.entries if e.workloads is None or name in e.workloads]
 
     def jobs(self) -> list[Job]:
-        """Cell by cell (workload, rate, ranks), every entry of the cell in a row, then its probe."""
+        """Cell by cell (workload, rate, ranks), every entry of the cell in a row, then its probe (on
+        shaped links)."""
         out = []
         for w in self.workloads:
             for rate in self.rates:
                 for n in self.ranks:
+                    if not w.runs_in(rate, n):
+                        continue
                     out += [Job(w, rate, n, e) for e in self.for_workload(w.name)]
-                    if w.probe:
+                    if w.probe and rate != UNSHAPED:  # the probe times the link
                         out.append(Job(w, rate, n, None))
         return out

@@ -339,7 +339,8 @@ def ordered(results: list[Result], matrix: Matrix) -> list[Result]:
 
 
 def _write(out: Path, meta: dict[str, Any], results: list[Result], matrix: Matrix) -> list[Verdict]:
-    cells = [(w.name, rate, n) for w in matrix.workloads for rate in matrix.rates for n in matrix.ranks]
+    cells = [(w.name, rate, n) for w in matrix.workloads for rate in matrix.rates for n in matrix.ranks
+             if w.runs_in(rate, n)]
     cells += sorted({(r.workload, r.rate, r.ranks) for r in results} - set(cells))  # carried by --resume
     verdicts = evaluate(outcomes(results, matrix.baseline), matrix.subject, matrix.baseline, cells)
     (out / "bench.json").write_text(json.dumps(
