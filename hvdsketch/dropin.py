@@ -20,10 +20,11 @@ seeds come from the base seed and the shape.
 """
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from typing import Any
 
-from hvdsketch.compress import Compressor, TensorContext, create
+from hvdsketch.compress import REGISTRY, Compressor, TensorContext, create
 from hvdsketch.exchange.flight import Flight
 from hvdsketch.ops import backend
 
@@ -98,31 +99,76 @@ class DropInCompression:
         return f"DropInCompression({str(self.compressor)!r})"
 
 
+class PresetCompression(DropInCompression):
+    """A drop-in compression a ``Compression`` namespace made; called with options it gives the
+    namespace's one with those options changed (``Compression.sketch(error=0.5)``)."""
+
+    #: The namespace that made it.
+    namespace: type["CompressionNamespace"]
+
+    def __call__(self, **options: Any) -> "PresetCompression":
+        current = {f.name: getattr(self.compressor, f.name) for f in dataclasses.fields(self.compressor)  # type: ignore[arg-type]
+                   if f.init}
+        return self.namespace.with_options(self.compressor.name, **{**current, **options})
+
+
 class _Preset:
-    """A class attribute that yields a fresh drop-in compression per access (``Compression.fp16``)."""
+    """A compressor's name as an attribute of a ``Compression`` namespace (``Compression.fp16``).
 
-    def __init__(self, flag: str) -> None:
-        self.flag = flag
+    Reading it gives the namespace's one drop-in compression of that compressor with its drop-in
+    defaults (the same object every time, so its :meth:`DropInCompression.report` accumulates);
+    calling that with options gives the one of those options (``Compression.sketch(error=0.5)``).
+    A compressor that needs more than Horovod's one averaged allreduce raises ``ValueError`` on
+    reading, naming hvdsketch's own optimizer or tape, which runs it.
+    """
 
-    def __get__(self, obj: Any, owner: type) -> DropInCompression:
-        return owner.drop_in(self.flag)
+    def __init__(self, name: str, **defaults: Any) -> None:
+        self.name, self.defaults = name, defaults
+
+    def __get__(self, obj: Any, owner: type["CompressionNamespace"]) -> "PresetCompression":
+        return owner.with_options(self.name, **self.defaults)
 
 
 class CompressionNamespace:
-    """Horovod's ``Compression`` namespace, extended with every drop-in hvdsketch compressor."""
+    """Horovod's ``Compression`` namespace with every hvdsketch compressor by name.
 
-    drop_in: type[DropInCompression] = DropInCompression
-    none = _Preset("none")
-    fp16 = _Preset("fp16")
+    ``Compression.none`` and ``Compression.fp16`` as in Horovod; ``Compression.randomk``,
+    ``Compression.sketch`` and every other drop-in compressor the same way, called with options
+    for other settings (``Compression.sketch(error=0.5, rows=3)``, ``Compression.fp16(dtype="bfloat16")``),
+    or by flag with :meth:`from_spec`. One object per namespace and flag: ``Compression.fp16 is
+    Compression.fp16``. Horovod's path has room for one allreduce only, so the sketch's union bound
+    is fixed in advance there: ``density`` defaults to 0.05 (the fraction of rows non-zero across
+    all ranks). The other compressors (``Compression.topk``, ``Compression.powersgd``, ...) raise a
+    ``ValueError`` naming :attr:`own`, hvdsketch's optimizer or tape that runs them.
+    """
+
+    #: The drop-in compression class of the framework.
+    drop_in: type[PresetCompression] = PresetCompression
+    #: What runs the compressors Horovod's ``compression=`` cannot, for the error message.
+    own: str = "hvdsketch's DistributedOptimizer / DistributedGradientTape"
+    _made: dict[tuple[type, str], PresetCompression] = {}  # (namespace, flag) -> its one compression
 
     @classmethod
-    def from_spec(cls, flag: str) -> DropInCompression:
-        """Any drop-in compressor by its flag, e.g. ``"sketch:error=0.5,rows=3"``."""
-        return cls.drop_in(flag)
+    def from_spec(cls, flag: "str | Compressor") -> PresetCompression:
+        """The drop-in compression of a flag, e.g. ``"sketch:error=0.5,density=0.05"``."""
+        compressor = create(flag)
+        if not compressor.drop_in:
+            raise ValueError(
+                f"hvdsketch: {str(compressor)!r} needs more than one averaged allreduce, so it cannot go into "
+                f"Horovod's compression= argument; use {cls.own} with compression={str(compressor)!r}"
+                + (", or fix the sketch's size with density= (e.g. sketch:density=0.05)"
+                   if compressor.name == "sketch" else ""))
+        key = (cls, str(compressor))
+        if key not in cls._made:
+            made = cls._made[key] = cls.drop_in(compressor)
+            made.namespace = cls
+        return cls._made[key]
 
     @classmethod
-    def sketch(cls, **options: Any) -> DropInCompression:
-        """The sparse-sketch; options as in :class:`hvdsketch.compress.sketch.SparseSketch`.
-        Horovod's path has room for one allreduce, so the union bound is fixed in advance:
-        ``density`` defaults to 0.05 here (the fraction of rows non-zero across all ranks)."""
-        return cls.drop_in(create("sketch", **{"density": 0.05, **options}))
+    def with_options(cls, name: str, **options: Any) -> PresetCompression:
+        """The drop-in compression of compressor ``name`` with ``options`` (validated)."""
+        return cls.from_spec(create(name, **options))
+
+
+for _name in REGISTRY:
+    setattr(CompressionNamespace, _name, _Preset(_name, **({"density": 0.05} if _name == "sketch" else {})))

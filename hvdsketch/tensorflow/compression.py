@@ -1,28 +1,67 @@
 """``hvdsketch.tensorflow.Compression``: drop-in values for Horovod's ``compression=``."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import tensorflow as tf
 
 import hvdsketch.ops.tensorflow  # noqa: F401  (loaded before tracing, so autograph never sees an import)
-from hvdsketch.dropin import CompressionNamespace, DropInCompression
+from hvdsketch.dropin import CompressionNamespace, PresetCompression
 
 
-class TFDropInCompression(DropInCompression):
-    """Counts bytes in variables, so the count also grows when the exchange runs in a ``tf.function``."""
+class TFDropInCompression(PresetCompression):
+    """Counts its bytes in Python when it runs eagerly and in two int64 variables inside a
+    ``tf.function`` (each run of the traced function adds to them).
+
+    The variables are made at the first traced call, in a thread of their own, which no
+    ``tf.function``'s variable scope reaches, so a compression may be made and first used in any
+    trace of any function (``tf.function`` allows variables made in its own first trace only).
+    """
 
     def __init__(self, compressor) -> None:
+        self._counters: tuple[tf.Variable, tf.Variable] | None = None
         super().__init__(compressor)
-        with tf.init_scope():
-            self.bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdsketch_bytes_sent")
-            self.bytes_dense = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdsketch_bytes_dense")
 
     def _count(self, sent: int, dense: int) -> None:
-        self.bytes_sent.assign_add(sent)
-        self.bytes_dense.assign_add(dense)
+        if tf.executing_eagerly():
+            self._sent += sent
+            self._dense += dense
+            return
+        if self._counters is None:
+            with ThreadPoolExecutor(1) as thread:
+                self._counters = thread.submit(_counters).result()
+        self._counters[0].assign_add(sent)
+        self._counters[1].assign_add(dense)
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._sent + (0 if self._counters is None else int(self._counters[0].numpy()))
+
+    @bytes_sent.setter
+    def bytes_sent(self, value: int) -> None:
+        self._sent = value
+
+    @property
+    def bytes_dense(self) -> int:
+        return self._dense + (0 if self._counters is None else int(self._counters[1].numpy()))
+
+    @bytes_dense.setter
+    def bytes_dense(self, value: int) -> None:
+        self._dense = value
+
+
+def _counters() -> tuple[tf.Variable, tf.Variable]:
+    with tf.device("CPU:0"):
+        return tuple(tf.Variable(0, dtype=tf.int64, trainable=False, name=f"hvdsketch_bytes_{kind}")
+                     for kind in ("sent", "dense"))
 
 
 class Compression(CompressionNamespace):
     """Like ``horovod.tensorflow.Compression``: ``Compression.none``, ``Compression.fp16``,
-    ``Compression.sketch(**options)``, ``Compression.from_spec("sketch:error=0.5")``."""
+    ``Compression.sketch`` or ``Compression.sketch(**options)``, every other drop-in compressor by
+    its name, ``Compression.from_spec("sketch:error=0.5,density=0.05")``; one object per flag, made
+    anywhere, inside ``tf.function`` too."""
 
     drop_in = TFDropInCompression
+    own = ("hvdsketch.tensorflow.DistributedGradientTape(tape, compression=...) or "
+           "hvdsketch.tensorflow.keras.DistributedOptimizer(optimizer, compression=...)")
