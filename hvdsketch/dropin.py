@@ -99,6 +99,12 @@ class DropInCompression:
         return f"DropInCompression({str(self.compressor)!r})"
 
 
+#: Options that make a compressor drop-in where its own defaults do not: the sketch's size fixed in
+#: advance (a bound on the fraction of rows non-zero across all ranks), unless ``density`` or
+#: ``ratio`` is given.
+DROP_IN_DEFAULTS: dict[str, dict[str, Any]] = {"sketch": {"density": 0.05}}
+
+
 class PresetCompression(DropInCompression):
     """A drop-in compression a ``Compression`` namespace made; called with options it gives the
     namespace's one with those options changed (``Compression.sketch(error=0.5)``)."""
@@ -122,11 +128,11 @@ class _Preset:
     reading, naming hvdsketch's own optimizer or tape, which runs it.
     """
 
-    def __init__(self, name: str, **defaults: Any) -> None:
-        self.name, self.defaults = name, defaults
+    def __init__(self, name: str) -> None:
+        self.name = name
 
     def __get__(self, obj: Any, owner: type["CompressionNamespace"]) -> "PresetCompression":
-        return owner.with_options(self.name, **self.defaults)
+        return owner.with_options(self.name)
 
 
 class CompressionNamespace:
@@ -137,8 +143,7 @@ class CompressionNamespace:
     for other settings (``Compression.sketch(error=0.5, rows=3)``, ``Compression.fp16(dtype="bfloat16")``),
     or by flag with :meth:`from_spec`. One object per namespace and flag: ``Compression.fp16 is
     Compression.fp16``. Horovod's path has room for one allreduce only, so the sketch's union bound
-    is fixed in advance there: ``density`` defaults to 0.05 (the fraction of rows non-zero across
-    all ranks). The other compressors (``Compression.topk``, ``Compression.powersgd``, ...) raise a
+    is fixed in advance there: ``density`` defaults to 0.05 (:data:`DROP_IN_DEFAULTS`). The other compressors (``Compression.topk``, ``Compression.powersgd``, ...) raise a
     ``ValueError`` naming :attr:`own`, hvdsketch's optimizer or tape that runs them.
     """
 
@@ -150,8 +155,10 @@ class CompressionNamespace:
 
     @classmethod
     def from_spec(cls, flag: "str | Compressor") -> PresetCompression:
-        """The drop-in compression of a flag, e.g. ``"sketch:error=0.5,density=0.05"``."""
+        """The drop-in compression of a flag, e.g. ``"sketch:error=0.5"`` (``density=0.05`` unless given)."""
         compressor = create(flag)
+        if not compressor.drop_in and compressor.name in DROP_IN_DEFAULTS:
+            compressor = dataclasses.replace(compressor, **DROP_IN_DEFAULTS[compressor.name])
         if not compressor.drop_in:
             raise ValueError(
                 f"hvdsketch: {str(compressor)!r} needs more than one averaged allreduce, so it cannot go into "
@@ -171,4 +178,4 @@ class CompressionNamespace:
 
 
 for _name in REGISTRY:
-    setattr(CompressionNamespace, _name, _Preset(_name, **({"density": 0.05} if _name == "sketch" else {})))
+    setattr(CompressionNamespace, _name, _Preset(_name))

@@ -22,6 +22,25 @@ class TFDropInCompression(PresetCompression):
         self._counters: tuple[tf.Variable, tf.Variable] | None = None
         super().__init__(compressor)
 
+    # Horovod's allreduce, which calls these, is converted by autograph inside tf.function; hvdsketch's
+    # code is plain Python over ops, which autograph would only convert slowly at every trace.
+    @tf.autograph.experimental.do_not_convert
+    def compress(self, tensor):
+        if tensor.shape.is_fully_defined():
+            return super().compress(tensor)
+        if self.compressor.name == "none":  # nothing to compress: as Horovod's own
+            return tensor, None
+        raise ValueError(
+            f"hvdsketch: Horovod passed {self.compressor} a gradient of partly unknown static shape {tensor.shape}; "
+            f"Horovod's eager DistributedGradientTape traces its allreduce in a function that loses the static shape "
+            f"of a tf.IndexedSlices gradient it densifies (sparse_as_dense=True), and compression needs static "
+            f"shapes: run the training step inside tf.function, leave sparse_as_dense off when eager, or use "
+            f"hvdsketch.tensorflow.DistributedGradientTape, which keeps the shapes")
+
+    @tf.autograph.experimental.do_not_convert
+    def decompress(self, tensor, ctx):
+        return super().decompress(tensor, ctx)
+
     def _count(self, sent: int, dense: int) -> None:
         if tf.executing_eagerly():
             self._sent += sent

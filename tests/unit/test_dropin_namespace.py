@@ -12,7 +12,7 @@ import tensorflow as tf  # noqa: E402
 import torch  # noqa: E402
 
 from hvdsketch.compress import REGISTRY, create  # noqa: E402
-from hvdsketch.dropin import DropInCompression  # noqa: E402
+from hvdsketch.dropin import DROP_IN_DEFAULTS, DropInCompression  # noqa: E402
 from hvdsketch.tensorflow import Compression as TFCompression  # noqa: E402
 from hvdsketch.torch import Compression as TorchCompression  # noqa: E402
 
@@ -23,8 +23,7 @@ DROP_IN = {"none", "fp16", "randomk", "sketch"}
 
 def test_the_drop_in_compressors_are_the_ones_expected():
     """If a compressor becomes drop-in (or stops being), the examples' list must follow."""
-    assert {name for name in REGISTRY if create(name, **({"density": 0.05} if name == "sketch" else {})).drop_in
-            } == DROP_IN
+    assert {name for name in REGISTRY if create(name, **DROP_IN_DEFAULTS.get(name, {})).drop_in} == DROP_IN
 
 
 @pytest.mark.parametrize("framework", NAMESPACES)
@@ -50,8 +49,8 @@ def test_options_give_one_object_per_flag(framework):
     assert namespace.sketch(error=0.25) is not namespace.sketch
     assert str(namespace.fp16(dtype="bfloat16").compressor) == "fp16:dtype=bfloat16"
     assert namespace.randomk(ratio=0.5).compressor.ratio == 0.5
-    with pytest.raises(ValueError, match="density="):
-        namespace.sketch(density=None)
+    assert namespace.from_spec("sketch") is namespace.sketch  # the drop-in sizing by flag too
+    assert namespace.from_spec("sketch:ratio=0.1").compressor.density is None
     with pytest.raises(ValueError, match=own):
         namespace.from_spec("topk:ratio=0.1")
     with pytest.raises(ValueError, match="unknown option"):
