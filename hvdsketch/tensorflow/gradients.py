@@ -14,7 +14,9 @@ Overlap with backward: inside ``tf.function`` each gradient's exchange is its ow
 inputs are that gradient alone (the per-step check of the ranks' agreement and the finite checks
 hang off the results, never off another gradient), so the runtime starts a layer's collectives as
 soon as backward has computed that layer's gradient. Eagerly, ``tape.gradient`` returns every
-gradient at once and the exchanges start after backward has ended.
+gradient at once and the exchanges start after backward has ended. An exchange that keeps state
+between steps in Python (:meth:`GradientExchange.keeps_python_state`) runs, inside a function, as
+one Python op at every step, which waits for every gradient.
 """
 from __future__ import annotations
 
@@ -27,11 +29,13 @@ from hvdsketch import policy as _policy
 from hvdsketch import spec
 from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.compress import RowSparse, TensorContext
+from hvdsketch.compress.sketch import SparseSketch
 from hvdsketch.compress.support import values_of
 from hvdsketch.exchange import Exchanger
 from hvdsketch.ops import tensorflow as tf_ops
 
-_exchanges: dict[tuple, "GradientExchange"] = {}  # setup -> its one exchange (each with its own prefix)
+_exchanges: dict[tuple, "GradientExchange"] = {}  # setup -> the one exchange the tapes of that setup share
+_made = 0  # exchanges made in this process; each has its own prefix for its collectives' names
 
 
 def compression_of(compression: Any) -> Any:
@@ -89,27 +93,32 @@ def adasum_refusal(compression: Any, memory: Any) -> str | None:
 
 def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, sparse_as_dense: bool,
                       gradient_predivide_factor: float, process_set: Any, device_dense: str,
-                      device_sparse: str) -> "GradientExchange":
-    """The one :class:`GradientExchange` of this setup in this process (made at the first call).
+                      device_sparse: str, shared: bool = True) -> "GradientExchange":
+    """The :class:`GradientExchange` of this setup: with ``shared``, the one of this process (made at
+    the first call), for the tapes made anew every step; else a new one (an optimizer's own).
 
     ``compression`` (after :func:`compression_of`) names the setup: a flag by the flag in force,
     rules by their text, an object by its identity."""
     from hvdsketch.memory import create as create_memory
 
+    global _made
     process_set = hvd.global_process_set if process_set is None else process_set
     flag = spec.resolve(compression) if compression is None else compression
     key = (_identity(flag), _identity(memory), reduction, sparse_as_dense, gradient_predivide_factor,
            process_set.process_set_id, device_dense, device_sparse)
-    if key not in _exchanges:
-        prefix = "hvdsketch" if not _exchanges else f"hvdsketch{len(_exchanges)}"
-        communicator = HorovodCommunicator(hvd, process_set, predivide=gradient_predivide_factor)
-        exchange = GradientExchange(device_dense, device_sparse)
-        exchange.exchanger = Exchanger(_policy.create(compression), communicator, None if memory is None else create_memory(memory),
-                                       op=reduction, sparse_as_dense=sparse_as_dense, prefix=prefix,
-                                       placement=exchange.placement)
+    if shared and key in _exchanges:
+        return _exchanges[key]
+    prefix = "hvdsketch" if not _made else f"hvdsketch{_made}"  # every rank makes them in the same order
+    _made += 1
+    communicator = HorovodCommunicator(hvd, process_set, predivide=gradient_predivide_factor)
+    exchange = GradientExchange(device_dense, device_sparse)
+    exchange.exchanger = Exchanger(_policy.create(compression), communicator,
+                                   None if memory is None else create_memory(memory), op=reduction,
+                                   sparse_as_dense=sparse_as_dense, prefix=prefix, placement=exchange.placement)
+    if shared:
         exchange.keep = (compression, memory)  # the objects whose identity is in the key stay alive
         _exchanges[key] = exchange
-    return _exchanges[key]
+    return exchange
 
 
 def _identity(argument: Any) -> Any:
@@ -149,12 +158,15 @@ class GradientExchange:
             with tf.init_scope():
                 exchanger.verify([(names[i], shapes[i]) for i in shared], tf_ops)
         present = [i for i in shared if grads[i] is not None]
+        inputs = {names[i]: _as_hvdsketch(grads[i]) for i in present}
+        self._decide_if_traced(inputs, shapes, present)
+        if not tf.executing_eagerly() and self.keeps_python_state():
+            return self._in_python(grads, sources, groups, local, scale_local_gradients, generic_names)
         for group in _index_groups(groups, sources, present):
             _start_together(grads, group)
         inputs = {names[i]: _as_hvdsketch(grads[i]) for i in present}
         self._devices = {names[i]: self.device_sparse if isinstance(grads[i], tf.IndexedSlices) else self.device_dense
                          for i in present}
-        self._decide_if_traced(inputs, shapes, present)
         averaged = exchanger.exchange(inputs)
         for i in present:
             grads[i] = _as_tf(averaged[names[i]])
@@ -162,6 +174,36 @@ class GradientExchange:
             size = exchanger.communicator.size
             for i in set(range(len(grads))) - set(shared):
                 grads[i] = None if grads[i] is None else _scaled(grads[i], 1 / size)
+        return grads
+
+    def keeps_python_state(self) -> bool:
+        """Whether the exchange keeps state between steps in Python, which a traced graph would freeze
+        at its first values: residual memory, a method whose error feedback is its own (PowerSGD's
+        warm start and residuals, EF-SignSGD, DGC), the sketch sized anew every step."""
+        exchanger = self.exchanger
+        return exchanger.memory is not None or any(
+            c.feedback or (isinstance(c, SparseSketch) and not c.drop_in) for c in exchanger.policy.compressors().values())
+
+    def _in_python(self, grads: list[Any], sources: Sequence[Any], *args: Any) -> list[Any]:
+        """Inside ``tf.function``, for an exchange that :meth:`keeps_python_state`: the whole exchange
+        as one op (``tf.py_function``) that runs it eagerly at every step, so its state advances
+        step by step as outside a function. It starts once every gradient is computed (no overlap
+        with backward) and returns dense gradients."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        structure = [grads[i] for i in present]
+
+        def run(*flat: tf.Tensor) -> list[tf.Tensor]:
+            full = list(grads)
+            for i, g in zip(present, tf.nest.pack_sequence_as(structure, list(flat), expand_composites=True)):
+                full[i] = g
+            out = self(full, sources, *args)
+            return [tf.convert_to_tensor(out[i]) for i in present]
+
+        outs = tf.py_function(run, tf.nest.flatten(structure, expand_composites=True),
+                              Tout=[grads[i].dtype for i in present], name="hvdsketch_exchange")
+        for i, out in zip(present, outs):
+            out.set_shape(sources[i].shape)
+            grads[i] = out
         return grads
 
     def _decide_if_traced(self, inputs: dict[str, Any], shapes: list[tuple[int, ...]], present: list[int]) -> None:

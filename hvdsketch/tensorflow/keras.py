@@ -11,11 +11,13 @@ union sketch, top-k's allgathers) run, not only Horovod's one averaged allreduce
 them every that many steps, as Horovod does.
 
 ``model.fit`` runs ``train_step`` inside ``tf.function`` unless the model is compiled with
-``run_eagerly=True``. Inside a function, stateless compressors run as they are (``none``, ``fp16``,
-``topk``, ``randomk``, ``qsgd``, ``terngrad``, ``sketch`` with ``density=`` fixing its size); what
-keeps per-tensor state between steps in Python (PowerSGD's warm start and error feedback,
-EF-SignSGD's and DGC's residuals, ``memory=``, the sketch sized per step) would be frozen at tracing
-and raises a ``ValueError`` that says so: compile with ``run_eagerly=True`` for those.
+``run_eagerly=True``. Inside a function, stateless compressors (``none``, ``fp16``, ``topk``,
+``randomk``, ``qsgd``, ``terngrad``, ``sketch`` with ``density=`` fixing its size) run as graph
+ops, each gradient's exchange its own; an exchange that keeps state between steps in Python
+(PowerSGD's warm start and error feedback, EF-SignSGD's and DGC's residuals, ``memory=``, the sketch
+sized every step), which tracing would freeze, runs as one Python op every step instead (see
+:meth:`hvdsketch.tensorflow.gradients.GradientExchange.keeps_python_state`): it trains as it
+would eagerly, without overlapping backward.
 """
 from __future__ import annotations
 
@@ -25,10 +27,6 @@ from typing import Any
 import tensorflow as tf
 
 from hvdsketch.tensorflow.gradients import GradientExchange, compression_of, gradient_exchange, groups_of, reduction_of
-
-_IN_FUNCTION = ("hvdsketch: model.fit runs train_step inside tf.function; compressors and memory that keep state "
-                "between steps in Python need model.compile(..., run_eagerly=True)")
-
 
 class _Aggregation:
     """Horovod's local gradient aggregation (``backward_passes_per_step``): a counter and one
@@ -103,15 +101,10 @@ class _DistributedOptimizer:
     def _hvdsketch_reduce(self, pairs):
         pairs = list(pairs)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
-        try:
-            if self._hvdsketch.aggregation is None:
-                reduced = self._hvdsketch_exchange(grads, variables)
-            else:
-                reduced = self._hvdsketch_aggregate(grads, variables)
-        except ValueError as err:
-            if tf.executing_eagerly():
-                raise
-            raise ValueError(f"{err}\n{_IN_FUNCTION}") from err
+        if self._hvdsketch.aggregation is None:
+            reduced = self._hvdsketch_exchange(grads, variables)
+        else:
+            reduced = self._hvdsketch_aggregate(grads, variables)
         return list(zip(reduced, variables))
 
     def _hvdsketch_exchange(self, grads, variables):
@@ -174,7 +167,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         average_aggregated_gradients: divide the summed gradients by ``backward_passes_per_step``.
         compression: a flag (``"powersgd:rank=2"``, ``"sketch:density=0.05"``), rules, a compressor,
             a policy, a drop-in compression or Horovod's ``Compression.none`` / ``.fp16``.
-        memory: error feedback (``"fp32"``); state in Python, so ``run_eagerly=True``.
+        memory: error feedback (``"fp32"``).
     """
     import horovod.tensorflow as hvd
 
@@ -192,7 +185,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         key: value for key, value in _DistributedOptimizer.__dict__.items() if key not in ("__dict__", "__weakref__")})
     wrapped = cls.from_config(config)
     exchange = gradient_exchange(hvd, compression, memory, reduction, sparse_as_dense, gradient_predivide_factor,
-                                 process_set, device_dense, device_sparse)
+                                 process_set, device_dense, device_sparse, shared=False)
     aggregation = (None if backward_passes_per_step == 1 else
                    _Aggregation(backward_passes_per_step, average_aggregated_gradients, sparse_as_dense))
     wrapped._hvdsketch = _Setup(exchange, groups, scale_local_gradients, aggregation)

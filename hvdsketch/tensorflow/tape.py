@@ -8,7 +8,10 @@ gradients (embeddings) stay sparse end to end with the sketch. Works eagerly and
 gradient alone, so the runtime starts it as soon as backward has computed it, while backward goes
 on through the earlier layers; eagerly, ``tape.gradient`` returns every gradient at once, so the
 exchanges start after backward (eager TensorFlow cannot overlap them). Inside a function the hash
-seeds are fixed when it is traced (the step is a Python number at trace time).
+seeds are fixed when it is traced (the step is a Python number at trace time), and an exchange that
+keeps state between steps in Python (PowerSGD, EF-SignSGD, DGC, residual memory, the sketch sized
+every step), which tracing would freeze, runs as one Python op every step instead: it advances as
+eagerly, without overlapping backward.
 
 Per-tensor policies (:mod:`hvdsketch.policy`) work in both modes. Eagerly, ``auto`` warms up and
 decides at the first calls, like the PyTorch optimizer. Inside ``tf.function`` every decision is
@@ -94,7 +97,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         scale_local_gradients: divide the gradients of sources registered with
             ``register_local_source`` by the process set's size.
         memory: error feedback: a ``--memory`` flag (``"fp32"``) or a :class:`hvdsketch.memory.Memory`;
-            ``None`` for none. Its state lives in Python: eagerly only.
+            ``None`` for none.
     """
     import horovod.tensorflow as hvd
 
