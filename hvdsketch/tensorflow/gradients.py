@@ -31,11 +31,11 @@ from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.compress import RowSparse, TensorContext
 from hvdsketch.compress.sketch import SparseSketch
 from hvdsketch.compress.support import values_of
-from hvdsketch.exchange import Exchanger
+from hvdsketch.exchange import Exchanger, agreement
 from hvdsketch.ops import tensorflow as tf_ops
 
 _exchanges: dict[tuple, "GradientExchange"] = {}  # setup -> the one exchange the tapes of that setup share
-_made = 0  # exchanges made in this process; each has its own prefix for its collectives' names
+_made: dict[str, int] = {}  # setup -> exchanges of it made so far in this process
 
 
 def compression_of(compression: Any) -> Any:
@@ -101,18 +101,21 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
     rules by their text, an object by its identity."""
     from hvdsketch.memory import create as create_memory
 
-    global _made
     process_set = hvd.global_process_set if process_set is None else process_set
     flag = spec.resolve(compression) if compression is None else compression
     key = (_identity(flag), _identity(memory), reduction, sparse_as_dense, gradient_predivide_factor,
            process_set.process_set_id, device_dense, device_sparse)
     if shared and key in _exchanges:
         return _exchanges[key]
-    prefix = "hvdsketch" if not _made else f"hvdsketch{_made}"  # every rank makes them in the same order
-    _made += 1
+    policy = _policy.create(compression)
+    setup = "|".join(map(str, (policy, memory, *key[2:])))
+    made = _made[setup] = _made.get(setup, -1) + 1
+    # named by the setup (and how many of it came before), so that a rank that made other exchanges
+    # first (say, after an error) still names the collectives of this one as the other ranks do
+    prefix = f"hvdsketch_{agreement.digest(setup, bits=24):06x}" + (f"_{made}" if made else "")
     communicator = HorovodCommunicator(hvd, process_set, predivide=gradient_predivide_factor)
     exchange = GradientExchange(device_dense, device_sparse)
-    exchange.exchanger = Exchanger(_policy.create(compression), communicator,
+    exchange.exchanger = Exchanger(policy, communicator,
                                    None if memory is None else create_memory(memory), op=reduction,
                                    sparse_as_dense=sparse_as_dense, prefix=prefix, placement=exchange.placement)
     if shared:
@@ -164,7 +167,7 @@ class GradientExchange:
             return self._in_python(grads, sources, groups, local, scale_local_gradients, generic_names)
         for group in _index_groups(groups, sources, present):
             _start_together(grads, group)
-        inputs = {names[i]: _as_hvdsketch(grads[i]) for i in present}
+            inputs.update({names[i]: _as_hvdsketch(grads[i]) for i in group})
         self._devices = {names[i]: self.device_sparse if isinstance(grads[i], tf.IndexedSlices) else self.device_dense
                          for i in present}
         averaged = exchanger.exchange(inputs)
