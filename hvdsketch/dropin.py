@@ -32,11 +32,12 @@ and plan of its tracing.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
 from hvdsketch import spec as _spec
-from hvdsketch.compress import Compressor, TensorContext, create
+from hvdsketch.compress import REGISTRY, Compressor, TensorContext, create
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
 from hvdsketch.exchange.flight import Flight
 from hvdsketch.ops import backend
@@ -55,20 +56,25 @@ def _tags(shape: tuple[int, ...], compressor: str) -> list[float]:
     return [float(v) for t in tags for v in (t, t * t)]
 
 
+def one_message(flag: "Compressor | str", own: str = "hvdsketch's DistributedOptimizer / DistributedGradientTape"
+                ) -> Compressor:
+    """The compressor ``flag`` names in its one-message form, or a clear error naming ``own``, what runs
+    it instead."""
+    if isinstance(flag, str) and _spec.Spec.parse(flag).name == "auto":
+        raise _spec.SpecError(f"hvdsketch: auto chooses a compressor per tensor and step, which Horovod's "
+                              f"compression= cannot carry; use it with {own} (compression='auto')")
+    compressor = create(flag).one_message()
+    if not compressor.drop_in:
+        raise ValueError(f"hvdsketch: {str(compressor)!r} needs more than one averaged allreduce, so it cannot go "
+                         f"into Horovod's compression= argument; use {own} with compression={str(compressor)!r}")
+    return compressor
+
+
 class DropInCompression:
     """Horovod's compression interface around a :class:`~hvdsketch.compress.Compressor`."""
 
     def __init__(self, compressor: "Compressor | str") -> None:
-        if isinstance(compressor, str) and _spec.Spec.parse(compressor).name == "auto":
-            raise _spec.SpecError("hvdsketch: auto chooses a compressor per tensor and step, which Horovod's "
-                                  "compression= cannot carry; use it with hvdsketch's DistributedOptimizer / "
-                                  "DistributedGradientTape (compression='auto')")
-        self.compressor = create(compressor).one_message()
-        if not self.compressor.drop_in:
-            raise ValueError(
-                f"hvdsketch: {str(self.compressor)!r} needs more than one averaged allreduce, so it cannot "
-                f"go into Horovod's compression= argument; use hvdsketch's DistributedOptimizer / "
-                f"DistributedGradientTape with compression={str(self.compressor)!r}")
+        self.compressor = one_message(compressor)
         self.step = 0
         self._of_shape: dict[tuple[int, ...], int] = {}  # shape -> tensors of it compressed this step
         self._decompressed = False  # since the last compress: the next compress starts a step
@@ -147,31 +153,71 @@ class DropInCompression:
         return f"DropInCompression({str(self.compressor)!r})"
 
 
+class PresetCompression(DropInCompression):
+    """A drop-in compression a ``Compression`` namespace made; called with options it gives the
+    namespace's one with those options changed (``Compression.sketch(error=0.5)``)."""
+
+    #: The namespace that made it.
+    namespace: type["CompressionNamespace"]
+
+    def __call__(self, **options: Any) -> "PresetCompression":
+        current = {f.name: getattr(self.compressor, f.name) for f in dataclasses.fields(self.compressor)  # type: ignore[arg-type]
+                   if f.init}
+        return self.namespace.with_options(self.compressor.name, **{**current, **options})
+
+
 class _Preset:
-    """A class attribute that yields a fresh drop-in compression per access (``Compression.fp16``)."""
+    """A compressor's name as an attribute of a ``Compression`` namespace (``Compression.fp16``).
 
-    def __init__(self, flag: str) -> None:
-        self.flag = flag
+    Reading it gives the namespace's one drop-in compression of that compressor with its drop-in
+    defaults (the same object every time, so its :meth:`DropInCompression.report` accumulates);
+    calling that with options gives the one of those options (``Compression.sketch(error=0.5)``).
+    A compressor that needs more than Horovod's one averaged allreduce raises ``ValueError`` on
+    reading, naming hvdsketch's own optimizer or tape, which runs it.
+    """
 
-    def __get__(self, obj: Any, owner: type) -> DropInCompression:
-        return owner.drop_in(self.flag)
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type["CompressionNamespace"]) -> "PresetCompression":
+        return owner.with_options(self.name)
 
 
 class CompressionNamespace:
-    """Horovod's ``Compression`` namespace, extended with every drop-in hvdsketch compressor."""
+    """Horovod's ``Compression`` namespace with every hvdsketch compressor by name.
 
-    drop_in: type[DropInCompression] = DropInCompression
-    none = _Preset("none")
-    fp16 = _Preset("fp16")
+    ``Compression.none`` and ``Compression.fp16`` as in Horovod; ``Compression.randomk``,
+    ``Compression.sketch`` and every other drop-in compressor the same way, called with options
+    for other settings (``Compression.sketch(error=0.5, rows=3)``, ``Compression.fp16(dtype="bfloat16")``),
+    or by flag with :meth:`from_spec`. One object per namespace and flag: ``Compression.fp16 is
+    Compression.fp16``. Horovod's path has room for one allreduce only, so a compressor goes in its
+    one-message form there (the sketch's bitmap rides in the averaged message,
+    :meth:`~hvdsketch.compress.Compressor.one_message`). The other compressors
+    (``Compression.topk``, ``Compression.powersgd``, ...) raise a ``ValueError`` naming :attr:`own`,
+    hvdsketch's optimizer or tape that runs them.
+    """
+
+    #: The drop-in compression class of the framework.
+    drop_in: type[PresetCompression] = PresetCompression
+    #: What runs the compressors Horovod's ``compression=`` cannot, for the error message.
+    own: str = "hvdsketch's DistributedOptimizer / DistributedGradientTape"
+    _made: dict[tuple[type, str], PresetCompression] = {}  # (namespace, flag) -> its one compression
 
     @classmethod
-    def from_spec(cls, flag: str) -> DropInCompression:
-        """Any drop-in compressor by its flag, e.g. ``"sketch:error=0.5,rows=3"``."""
-        return cls.drop_in(flag)
+    def from_spec(cls, flag: "str | Compressor") -> PresetCompression:
+        """The drop-in compression of a flag, e.g. ``"sketch:error=0.5"``."""
+        compressor = one_message(flag, cls.own)
+        key = (cls, str(compressor))
+        if key not in cls._made:
+            made = cls._made[key] = cls.drop_in(compressor)
+            made.namespace = cls
+        return cls._made[key]
 
     @classmethod
-    def sketch(cls, **options: Any) -> DropInCompression:
-        """The sparse-sketch; options as in :class:`hvdsketch.compress.sketch.SparseSketch`, its
-        bitmap riding in the averaged message. Each shape's first exchange is dense (or sized from
-        ``density=``), later ones sized from the union the previous one showed."""
-        return cls.drop_in(create("sketch", **options))
+    def with_options(cls, name: str, **options: Any) -> PresetCompression:
+        """The drop-in compression of compressor ``name`` with ``options`` (validated)."""
+        return cls.from_spec(create(name, **options))
+
+
+for _name in REGISTRY:
+    setattr(CompressionNamespace, _name, _Preset(_name))

@@ -188,6 +188,12 @@ class SparseSketch(Compressor):
         """One averaged message carries the exchange when the bitmap rides in it as floats."""
         return self.bitmap == "float"
 
+    @property
+    def sized_in_advance(self) -> bool:
+        """True when ``density`` or ``ratio`` fixes the size: no per-step state decides it (so a traced
+        graph, which keeps the plan of its tracing, loses nothing)."""
+        return self.density is not None or self.ratio is not None
+
     def one_message(self) -> "SparseSketch":
         return self if self.drop_in else dataclasses.replace(self, bitmap="float")
 

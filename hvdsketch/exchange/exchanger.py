@@ -42,9 +42,10 @@ is this rank's state; the adapters gather every rank's into one checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Literal, Mapping, Sequence
 
 from hvdsketch.collectives import Communicator, Handle
 from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
@@ -83,14 +84,18 @@ class Exchanger:
         op: ``"average"`` (Horovod's ``Average``) or ``"sum"``.
         sparse_as_dense: densify row-sparse gradients before compressing them.
         prefix: the start of every collective's name (two exchangers in one process need two).
+        placement: ``placement(name)`` is the context in which tensor ``name``'s exchange work
+            runs (the TensorFlow tape's ``device_dense`` / ``device_sparse``); none by default.
     """
 
     def __init__(self, policy: Any, communicator: Communicator, memory: Memory | None = None,
-                 op: Reduction = "average", sparse_as_dense: bool = False, prefix: str = "hvdsketch") -> None:
+                 op: Reduction = "average", sparse_as_dense: bool = False, prefix: str = "hvdsketch",
+                 placement: Callable[[str], ContextManager] | None = None) -> None:
         if op not in ("average", "sum"):
             raise ValueError(f"hvdsketch: op must be average or sum, got {op!r}")
         self.policy, self.communicator, self.memory = policy, communicator, memory
         self.op, self.sparse_as_dense, self.prefix = op, sparse_as_dense, prefix
+        self.placement = placement or (lambda name: contextlib.nullcontext())
         self.step = 0
         #: The number of ranks this rank's state was made with (set when the ranks agree,
         #: :mod:`~hvdsketch.exchange.checkpoint`), ``None`` before.
@@ -181,12 +186,13 @@ class Exchanger:
         if self.policy.wants_inputs:
             self._inputs.append((tensor, ctx))
         self._progress()
-        flight = Flight(compressor, tensor, ctx, memory)
-        narrow = [ops.dtype_name(m.tensor) for m in flight.messages if ops.dtype_name(m.tensor) in NARROW]
-        if narrow:
-            self._narrow[name] = (narrow[0], str(compressor))
-        self._submit(name, flight)
-        flight.settle()
+        with self.placement(name):
+            flight = Flight(compressor, tensor, ctx, memory)
+            narrow = [ops.dtype_name(m.tensor) for m in flight.messages if ops.dtype_name(m.tensor) in NARROW]
+            if narrow:
+                self._narrow[name] = (narrow[0], str(compressor))
+            self._submit(name, flight)
+            flight.settle()
 
     def finish(self) -> dict[str, Any]:
         """Wait for every exchange started this step; their averaged results by name.
@@ -259,13 +265,14 @@ class Exchanger:
 
     def _step_flight(self, name: str, flight: Flight, reduced: list[Any]) -> None:
         """Give ``flight`` its round's reduction and send its next round, if any."""
-        if flight.advance(reduced):
-            self._flights[name] = (flight, None)
-            if self._launch is not None:
-                self._launch.finished(name, flight.index + 1)
-        else:
-            self._submit(name, flight)
-            flight.settle()
+        with self.placement(name):
+            if flight.advance(reduced):
+                self._flights[name] = (flight, None)
+                if self._launch is not None:
+                    self._launch.finished(name, flight.index + 1)
+            else:
+                self._submit(name, flight)
+                flight.settle()
 
     def _progress(self) -> None:
         """Move on, without blocking, every exchange whose early round has landed (a round that

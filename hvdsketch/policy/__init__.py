@@ -24,22 +24,16 @@ from hvdsketch import spec as _spec
 from hvdsketch.compress import Compressor
 from hvdsketch.policy.auto import AutoOptions, AutoPolicy
 from hvdsketch.policy.base import Fixed, Policy
-from hvdsketch.policy.flag import from_flag
+from hvdsketch.policy.flag import from_flag, unwrapped
 from hvdsketch.policy.rules import Rule, Rules
 from hvdsketch.policy.table import Assignment, format_table
 
 def create(compression: Any = None) -> Policy:
     """The policy ``compression`` names; ``None`` falls back to ``HVDSKETCH_COMPRESSION``, then
     ``"none"``. Raises :class:`hvdsketch.spec.SpecError` naming the valid choices."""
+    compression = unwrapped(compression)  # hvdsketch's drop-in compression, Horovod's none and fp16
     if isinstance(compression, (Policy, Compressor)):
         return from_flag(compression)
-    if hasattr(compression, "compress") and hasattr(compression, "decompress"):  # Compression.fp16, Horovod's too
-        inner = getattr(compression, "compressor", None)
-        flag = repr(str(inner)) if isinstance(inner, Compressor) else "'fp16'"
-        raise _spec.SpecError(
-            f"{getattr(compression, '__name__', compression)!r} is a value for Horovod's own compression= "
-            f"argument; hvdsketch's DistributedOptimizer and DistributedGradientTape take the flag string, "
-            f"e.g. compression={flag}")
     if isinstance(compression, Mapping):
         return Rules.from_mapping(compression)
     if isinstance(compression, (list, tuple)):

@@ -1,11 +1,32 @@
 """The policy one compression flag (or one compressor or policy object) names: ``auto`` or a compressor."""
 from __future__ import annotations
 
+from typing import Any
+
 from hvdsketch import spec as _spec
 from hvdsketch.compress import Compressor
 from hvdsketch.compress import create as create_compressor
 from hvdsketch.policy.auto import AutoOptions, AutoPolicy
 from hvdsketch.policy.base import Fixed, Policy
+
+
+#: Horovod's own compressions and the flag each is.
+HOROVOD = {"NoneCompressor": "none", "FP16Compressor": "fp16"}
+
+
+def unwrapped(compression: Any) -> Any:
+    """A value for Horovod's ``compression=`` (hvdsketch's drop-in compression, or Horovod's own
+    ``Compression.none`` / ``.fp16``) as the compressor or flag it carries, so a script moves from
+    Horovod's optimizer or tape to hvdsketch's with its arguments as they are; anything else as it is."""
+    inner = getattr(compression, "compressor", None)
+    if isinstance(inner, Compressor) and hasattr(compression, "compress"):
+        return inner
+    if isinstance(compression, type) and compression.__module__.startswith("horovod."):
+        if compression.__name__ not in HOROVOD:
+            raise _spec.SpecError(f"hvdsketch: Horovod's compression {compression.__name__} has no hvdsketch "
+                                  f"counterpart; give a flag such as 'fp16' or 'sketch'")
+        return HOROVOD[compression.__name__]
+    return compression
 
 
 def from_flag(flag: "str | Compressor | Policy") -> Policy:

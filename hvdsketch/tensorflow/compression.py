@@ -1,28 +1,93 @@
 """``hvdsketch.tensorflow.Compression``: drop-in values for Horovod's ``compression=``."""
 from __future__ import annotations
 
+import re
+from concurrent.futures import ThreadPoolExecutor
+
 import tensorflow as tf
 
 import hvdsketch.ops.tensorflow  # noqa: F401  (loaded before tracing, so autograph never sees an import)
-from hvdsketch.dropin import CompressionNamespace, DropInCompression
+from hvdsketch.dropin import CompressionNamespace, PresetCompression
 
 
-class TFDropInCompression(DropInCompression):
-    """Counts bytes in variables, so the count also grows when the exchange runs in a ``tf.function``."""
+class TFDropInCompression(PresetCompression):
+    """Counts its bytes in Python when it runs eagerly and in two int64 variables inside a
+    ``tf.function`` (each run of the traced function adds to them).
+
+    The variables are made at the first traced call, in a thread of their own, which no
+    ``tf.function``'s variable scope reaches, so a compression may be made and first used in any
+    trace of any function (``tf.function`` allows variables made in its own first trace only).
+    """
 
     def __init__(self, compressor) -> None:
+        self._counters: tuple[tf.Variable, tf.Variable] | None = None
         super().__init__(compressor)
-        with tf.init_scope():
-            self.bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdsketch_bytes_sent")
-            self.bytes_dense = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdsketch_bytes_dense")
+
+    # Horovod's allreduce, which calls these, is converted by autograph inside tf.function; hvdsketch's
+    # code is plain Python over ops, which autograph would only convert slowly at every trace.
+    @tf.autograph.experimental.do_not_convert
+    def compress(self, tensor):
+        if tensor.shape.is_fully_defined():
+            payload, state = super().compress(tensor)
+            if state is not None and not tf.executing_eagerly():
+                # Horovod names a traced allreduce after its input's op: named after the gradient, the
+                # payload meets the other ranks' whatever compressor made it, so ranks that disagree
+                # get Horovod's mismatch error instead of waiting for names that never meet.
+                payload = tf.identity(payload, name="hvdsketch_" + re.sub(r"[^A-Za-z0-9_]", "_", tensor.name))
+            return payload, state
+        if self.compressor.name == "none":  # nothing to compress: as Horovod's own
+            return tensor, None
+        raise ValueError(
+            f"hvdsketch: Horovod passed {self.compressor} a gradient of partly unknown static shape {tensor.shape}; "
+            f"Horovod's eager DistributedGradientTape traces its allreduce in a function that loses the static shape "
+            f"of a tf.IndexedSlices gradient it densifies (sparse_as_dense=True), and compression needs static "
+            f"shapes: run the training step inside tf.function, leave sparse_as_dense off when eager, or use "
+            f"hvdsketch.tensorflow.DistributedGradientTape, which keeps the shapes")
+
+    @tf.autograph.experimental.do_not_convert
+    def decompress(self, tensor, ctx):
+        return super().decompress(tensor, ctx)
 
     def _count(self, sent: int, dense: int) -> None:
-        self.bytes_sent.assign_add(sent)
-        self.bytes_dense.assign_add(dense)
+        if tf.executing_eagerly():
+            self._sent += sent
+            self._dense += dense
+            return
+        if self._counters is None:
+            with ThreadPoolExecutor(1) as thread:
+                self._counters = thread.submit(_counters).result()
+        self._counters[0].assign_add(sent)
+        self._counters[1].assign_add(dense)
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._sent + (0 if self._counters is None else int(self._counters[0].numpy()))
+
+    @bytes_sent.setter
+    def bytes_sent(self, value: int) -> None:
+        self._sent = value
+
+    @property
+    def bytes_dense(self) -> int:
+        return self._dense + (0 if self._counters is None else int(self._counters[1].numpy()))
+
+    @bytes_dense.setter
+    def bytes_dense(self, value: int) -> None:
+        self._dense = value
+
+
+def _counters() -> tuple[tf.Variable, tf.Variable]:
+    with tf.device("CPU:0"):
+        return tuple(tf.Variable(0, dtype=tf.int64, trainable=False, name=f"hvdsketch_bytes_{kind}")
+                     for kind in ("sent", "dense"))
 
 
 class Compression(CompressionNamespace):
     """Like ``horovod.tensorflow.Compression``: ``Compression.none``, ``Compression.fp16``,
-    ``Compression.sketch(**options)``, ``Compression.from_spec("sketch:error=0.5")``."""
+    ``Compression.sketch`` or ``Compression.sketch(**options)``, every other drop-in compressor by
+    its name, ``Compression.from_spec("sketch:error=0.5,density=0.05")``; one object per flag, made
+    anywhere, inside ``tf.function`` too."""
 
     drop_in = TFDropInCompression
+    own = ("hvdsketch.tensorflow.DistributedGradientTape(tape, compression=...) or "
+           "hvdsketch.tensorflow.keras.DistributedOptimizer(optimizer, compression=...)")

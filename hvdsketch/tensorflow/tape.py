@@ -1,20 +1,27 @@
-"""``hvdsketch.tensorflow.DistributedGradientTape``: Horovod's tape API with any hvdsketch compressor.
+"""``hvdsketch.tensorflow.DistributedGradientTape``: Horovod's tape, its arguments and their meaning,
+with any hvdsketch compressor.
 
-``gradient()`` computes the local gradients, then averages them across ranks
-through hvdsketch's exchange (one fused Horovod collective per round and op).
-``tf.IndexedSlices`` gradients (embeddings) stay sparse end to end with the
-sketch. Works eagerly and inside ``tf.function``; inside a function the hash
-seeds are fixed when it is traced (the step is a Python number at trace time).
+``gradient()`` computes the local gradients, then reduces them across the ranks of the process set
+through hvdsketch's exchange (:mod:`hvdsketch.tensorflow.gradients`). ``tf.IndexedSlices``
+gradients (embeddings) stay sparse end to end with the sketch. Works eagerly and inside
+``tf.function``. Inside a function each gradient's exchange is its own ops that depend on that
+gradient alone, so the runtime starts it as soon as backward has computed it, while backward goes
+on through the earlier layers; eagerly, ``tape.gradient`` returns every gradient at once, so the
+exchanges start after backward (eager TensorFlow cannot overlap them). Inside a function the hash
+seeds are fixed when it is traced (the step is a Python number at trace time), and an exchange that
+keeps state between steps in Python (PowerSGD, EF-SignSGD, DGC, residual memory, the sketch sized
+every step), which tracing would freeze, runs as one Python op every step instead: it advances as
+eagerly, without overlapping backward.
 
-Per-tensor policies (:mod:`hvdsketch.policy`) work in both modes. Eagerly,
-``auto`` warms up and decides at the first calls, like the PyTorch optimizer.
-Inside ``tf.function`` every decision is fixed when the function is traced: a
-policy that has not decided yet decides then, from eager stand-ins of the
-traced gradients (random values; a dense gradient counts as dense, an
-``IndexedSlices`` one as its static number of looked-up rows, an upper bound),
-with its probe and measurements run eagerly; a policy that decided in earlier
-eager steps keeps its decision. A flag string names one policy per process,
-since the tape is made anew every step.
+Per-tensor policies (:mod:`hvdsketch.policy`) work in both modes. Eagerly, ``auto`` warms up and
+decides at the first calls, like the PyTorch optimizer. Inside ``tf.function`` every decision is
+fixed when the function is traced: a policy that has not decided yet decides then, from eager
+stand-ins of the traced gradients (random values; a dense gradient counts as dense, an
+``IndexedSlices`` one as its static number of looked-up rows, an upper bound), with its probe and
+measurements run eagerly; a policy that decided in earlier eager steps keeps its decision.
+
+The tape is made anew every step; one setup (compression, memory, op, ...) keeps one exchanger
+across the tapes, so its state lasts and ranks check that they agree once.
 """
 from __future__ import annotations
 
@@ -22,103 +29,92 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
-from hvdsketch import policy as _policy
-from hvdsketch import spec
-from hvdsketch.collectives.horovod import HorovodCommunicator
-from hvdsketch.compress import Compressor, RowSparse, TensorContext
-from hvdsketch.compress.support import values_of
-from hvdsketch.exchange import Exchanger
-from hvdsketch.ops import tensorflow as tf_ops
+from hvdsketch.compress import Compressor
 from hvdsketch.policy import Policy
-
-_exchangers: dict[str, Exchanger] = {}  # flag and memory -> the exchanger shared by the tapes made each step
+from hvdsketch.policy.flag import unwrapped
+from hvdsketch.tensorflow.gradients import (GradientExchange, adasum_refusal, gradient_exchange,
+                                            groups_of, reduction_of)
 
 
 class _DistributedGradientTape(tf.GradientTape):
-    def __init__(self, tape: tf.GradientTape, exchanger: Exchanger, persistent: bool = False,
-                 watch_accessed_variables: bool = True) -> None:
+    def __init__(self, tape: tf.GradientTape, exchange: GradientExchange, groups: Any, scale_local_gradients: bool,
+                 persistent: bool = False, watch_accessed_variables: bool = True) -> None:
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
-        self._exchanger = exchanger
+        self._exchange = exchange
+        self._exchanger = exchange.exchanger
+        self._groups = groups
+        self.scale_local_gradients = scale_local_gradients
+        self._local_sources: set[Any] = set()
 
-    def gradient(self, target, sources, output_gradients=None, **kwargs):
+    def register_local_source(self, source: tf.Variable) -> None:
+        """As in Horovod: ``source``'s gradient is not reduced, only divided by the process set's size
+        when ``scale_local_gradients``."""
+        self._local_sources.add(source.ref())
+
+    @tf.autograph.experimental.do_not_convert
+    def gradient(self, target, sources, output_gradients=None, use_generic_names: bool = False, **kwargs):
         grads = super(self.__class__, self).gradient(target, sources, output_gradients, **kwargs)
-        flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads)
-        names = [getattr(s, "name", f"source.{i}").removesuffix(":0") for i, s in enumerate(flat_sources)]
-        shapes = [tuple(int(d) for d in s.shape) for s in flat_sources]
-        exchanger = self._exchanger
-        if not exchanger.verified:
-            with tf.init_scope():
-                exchanger.verify(list(zip(names, shapes)), tf_ops)
-        present = [i for i, g in enumerate(flat_grads) if g is not None]
-        inputs = {names[i]: _as_hvdsketch(flat_grads[i]) for i in present}
-        policy = exchanger.policy
-        if policy.pending and inputs and tf_ops.is_symbolic(values_of(next(iter(inputs.values())))):
-            with tf.init_scope():  # a graph keeps its compressors: decide now, on eager stand-ins
-                contexts = [TensorContext(names[i], shapes[i], exchanger.step, exchanger.communicator.size,
-                                          exchanger.communicator.rank) for i in present]
-                policy.end_step([(_stand_in(g, ctx.shape), ctx) for g, ctx in zip(inputs.values(), contexts)],
-                                exchanger.communicator, traced=True)
-        averaged = exchanger.exchange(inputs)
-        for i in present:
-            flat_grads[i] = _as_tf(averaged[names[i]])
-        return tf.nest.pack_sequence_as(grads, flat_grads)
+        flat = self._exchange(tf.nest.flatten(grads), tf.nest.flatten(sources), self._groups, self._local_sources,
+                              self.scale_local_gradients, generic_names=use_generic_names)
+        return tf.nest.pack_sequence_as(grads, flat)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
+        """As in Horovod: ``([(local source, gradient)], [(reduced source, gradient)])``."""
+        grads = self.gradient(target, sources, output_gradients, use_generic_names)
+        pairs = list(zip(sources, grads))
+        return ([(s, g) for s, g in pairs if s.ref() in self._local_sources],
+                [(s, g) for s, g in pairs if s.ref() not in self._local_sources])
 
 
-def _as_hvdsketch(grad: Any) -> Any:
-    if isinstance(grad, tf.IndexedSlices):
-        shape = tuple(int(d) for d in tf.get_static_value(grad.dense_shape))
-        return RowSparse(tf.cast(grad.indices, tf.int64), grad.values, shape)
-    return grad
-
-
-def _stand_in(grad: Any, shape: tuple[int, ...]) -> Any:
-    """An eager tensor like the traced gradient ``grad``: random normal values of its dtype; for a
-    row-sparse one, distinct rows as many as its static count of looked-up rows (all if unknown)."""
-    if isinstance(grad, RowSparse):
-        dtype = grad.values.dtype
-        looked_up = grad.values.shape[0] if grad.values.shape.rank else None
-        rows = min(shape[0], looked_up or shape[0])
-        indices = tf.range(rows, dtype=tf.int64) * (shape[0] // max(rows, 1))
-        return RowSparse(indices, tf.random.normal((rows, *shape[1:]), dtype=dtype), shape)
-    if not grad.dtype.is_floating:
-        return tf.zeros(shape, grad.dtype)
-    return tf.random.normal(shape, dtype=grad.dtype)
-
-
-def _as_tf(averaged: Any) -> Any:
-    if isinstance(averaged, RowSparse):
-        return tf.IndexedSlices(averaged.values, averaged.indices, tf.constant(averaged.dense_shape, tf.int64))
-    return averaged
-
-
-def DistributedGradientTape(gradtape: tf.GradientTape,
+def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
                             compression: "str | Compressor | Policy | Mapping | list | None" = None,
-                            memory: Any = None) -> tf.GradientTape:
-    """Wrap ``gradtape`` so that ``gradient()`` returns gradients averaged across Horovod ranks.
+                            sparse_as_dense: bool = False, op: Any = None, gradient_predivide_factor: float = 1.0,
+                            num_groups: int = 0, groups: Any = None, process_set: Any = None,
+                            scale_local_gradients: bool = True, memory: Any = None) -> tf.GradientTape:
+    """Wrap ``gradtape`` so that ``gradient()`` returns gradients reduced across Horovod ranks.
+
+    Horovod 0.28.1's arguments, in its order, with its meaning:
 
     Args:
         gradtape: the ``tf.GradientTape`` that recorded the loss.
+        device_dense / device_sparse: the device of the exchange of dense / ``tf.IndexedSlices``
+            gradients (default: where TensorFlow places it).
         compression: a flag such as ``"sketch:error=0.5"`` or ``"auto"``, per-tensor rules, a
-            compressor or a :class:`hvdsketch.policy.Policy`; falls back to ``HVDSKETCH_COMPRESSION``,
-            then ``"none"``.
+            compressor, a :class:`hvdsketch.policy.Policy`, a drop-in compression or Horovod's
+            ``Compression.none`` / ``.fp16``; falls back to ``HVDSKETCH_COMPRESSION``, then ``"none"``.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before compressing; they come back dense.
+        op: ``hvd.Average`` (default) or ``hvd.Sum``; ``hvd.Adasum`` with ``compression="none"`` and no
+            memory is Horovod's own Adasum tape (Adasum combines the ranks' updates non-linearly, so
+            no compressor's messages can be combined that way: any other compression is an error).
+        gradient_predivide_factor: with ``op=Average``, gradients are scaled by ``1 / factor`` before
+            the sum and ``factor / size`` after it.
+        num_groups / groups: Horovod's explicit groups (a number of groups to split the gradients
+            into, in order, or lists of variables, the rest each a group of one): inside
+            ``tf.function`` a group's exchanges start together, once every gradient of the group is
+            computed.
+        process_set: the Horovod process set to reduce over (default: every rank); on ranks
+            outside it the gradients stay local, as in Horovod.
+        scale_local_gradients: divide the gradients of sources registered with
+            ``register_local_source`` by the process set's size.
         memory: error feedback: a ``--memory`` flag (``"fp32"``) or a :class:`hvdsketch.memory.Memory`;
-            ``None`` for none (eagerly only: its state lives in Python).
+            ``None`` for none.
     """
     import horovod.tensorflow as hvd
 
-    from hvdsketch.memory import create as create_memory
-
-    def make() -> Exchanger:
-        return Exchanger(_policy.create(compression), HorovodCommunicator(hvd),
-                         None if memory is None else create_memory(memory))
-
-    if compression is None or isinstance(compression, str):
-        key = f"{spec.resolve(compression)}|{memory}"
-        if key not in _exchangers:
-            _exchangers[key] = make()
-        exchanger = _exchangers[key]
-    else:
-        exchanger = make()
+    reduction = reduction_of(hvd, op, gradient_predivide_factor)
+    groups = groups_of(num_groups, groups)
+    compression = unwrapped(compression)
+    if reduction == "adasum":
+        refusal = adasum_refusal(compression, memory)
+        if refusal:
+            raise ValueError(refusal)
+        return hvd.DistributedGradientTape(gradtape, device_dense, device_sparse, hvd.Compression.none,
+                                           sparse_as_dense, hvd.Adasum, gradient_predivide_factor, 0, groups,
+                                           hvd.global_process_set if process_set is None else process_set,
+                                           scale_local_gradients)
+    exchange = gradient_exchange(hvd, compression, memory, reduction, sparse_as_dense, gradient_predivide_factor,
+                                 process_set, device_dense, device_sparse)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,), dict(_DistributedGradientTape.__dict__))
-    return cls(gradtape._tape, exchanger, gradtape._persistent, gradtape._watch_accessed_variables)
+    return cls(gradtape._tape, exchange, groups, scale_local_gradients, gradtape._persistent,
+               gradtape._watch_accessed_variables)

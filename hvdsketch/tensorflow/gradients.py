@@ -1,0 +1,285 @@
+"""Horovod's gradient arguments in TensorFlow, shared by hvdsketch's tape and its tf-keras optimizer.
+
+:func:`gradient_exchange` checks Horovod's arguments as Horovod does and gives the
+:class:`GradientExchange` of one setup, the same object for the same arguments, since Horovod's
+tape is made anew every step while the exchanger's state (the step, the policy's decisions, the
+compressors' per-tensor state, the residuals) must last. A :class:`GradientExchange` exchanges the
+gradients of a list of variables: each through the exchanger under the variable's name; a
+variable registered as local is left out (and divided by the process set's size when
+``scale_local_gradients``, as Horovod does); ``groups`` make a group's exchanges wait for every
+gradient of the group; ``device_dense`` / ``device_sparse`` place the exchange of dense and of
+``tf.IndexedSlices`` gradients.
+
+Overlap with backward: inside ``tf.function`` each gradient's exchange is its own ops, whose
+inputs are that gradient alone (the per-step check of the ranks' agreement and the finite checks
+hang off the results, never off another gradient), so the runtime starts a layer's collectives as
+soon as backward has computed that layer's gradient. Eagerly, ``tape.gradient`` returns every
+gradient at once and the exchanges start after backward has ended. An exchange that keeps state
+between steps in Python (:meth:`GradientExchange.keeps_python_state`) runs, inside a function, as
+one Python op at every step, which waits for every gradient.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Mapping, Sequence
+
+import tensorflow as tf
+
+from hvdsketch import policy as _policy
+from hvdsketch import spec
+from hvdsketch.collectives.horovod import HorovodCommunicator
+from hvdsketch.compress import RowSparse, TensorContext
+from hvdsketch.compress.sketch import SparseSketch
+from hvdsketch.compress.support import values_of
+from hvdsketch.exchange import Exchanger, agreement
+from hvdsketch.ops import tensorflow as tf_ops
+
+_exchanges: dict[tuple, "GradientExchange"] = {}  # setup -> the one exchange the tapes of that setup share
+_made: dict[str, int] = {}  # setup -> exchanges of it made so far in this process
+
+
+def reduction_of(hvd: Any, op: Any, gradient_predivide_factor: float) -> str:
+    """``"average"``, ``"sum"`` or ``"adasum"`` for Horovod's ``op``, checked as Horovod checks it."""
+    op = hvd.Average if op is None else op
+    names = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}
+    if op not in names:
+        raise ValueError(f"hvdsketch: op must be hvd.Average, hvd.Sum or hvd.Adasum, got {op!r}")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    return names[op]
+
+
+def groups_of(num_groups: int, groups: Any) -> Any:
+    """Horovod's ``groups`` (``num_groups`` is its deprecated name), checked as Horovod checks it."""
+    if num_groups:
+        import warnings
+
+        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
+        groups = num_groups if groups is None else groups
+    if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+        raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
+    if isinstance(groups, list) and not all(isinstance(g, (list, tuple)) and all(isinstance(v, tf.Variable) for v in g)
+                                            for g in groups):
+        raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
+    return groups
+
+
+def adasum_refusal(compression: Any, memory: Any) -> str | None:
+    """Why Adasum cannot run with this compression (``None``: it can, as Horovod's own)."""
+    policy = _policy.create(compression)
+    if str(policy) == "none" and memory is None:
+        return None
+    return (f"hvdsketch: op=hvd.Adasum combines the ranks' updates non-linearly, so it cannot combine compressed "
+            f"messages ({policy}{', memory ' + str(memory) if memory is not None else ''}); use compression='none' "
+            f"without memory for Adasum, or op=hvd.Average")
+
+
+def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, sparse_as_dense: bool,
+                      gradient_predivide_factor: float, process_set: Any, device_dense: str,
+                      device_sparse: str, shared: bool = True) -> "GradientExchange":
+    """The :class:`GradientExchange` of this setup: with ``shared``, the one of this process (made at
+    the first call), for the tapes made anew every step; else a new one (an optimizer's own).
+
+    ``compression`` (after :func:`hvdsketch.policy.flag.unwrapped`) names the setup: a flag by the flag in force,
+    rules by their text, an object by its identity."""
+    from hvdsketch.memory import create as create_memory
+
+    process_set = hvd.global_process_set if process_set is None else process_set
+    flag = spec.resolve(compression) if compression is None else compression
+    key = (_identity(flag), _identity(memory), reduction, sparse_as_dense, gradient_predivide_factor,
+           process_set.process_set_id, device_dense, device_sparse)
+    if shared and key in _exchanges:
+        return _exchanges[key]
+    policy = _policy.create(compression)
+    setup = "|".join(map(str, (policy, memory, *key[2:])))
+    made = _made[setup] = _made.get(setup, -1) + 1
+    # named by the setup (and how many of it came before), so that a rank that made other exchanges
+    # first (say, after an error) still names the collectives of this one as the other ranks do
+    prefix = f"hvdsketch_{agreement.digest(setup, bits=24):06x}" + (f"_{made}" if made else "")
+    communicator = HorovodCommunicator(hvd, process_set, predivide=gradient_predivide_factor)
+    exchange = GradientExchange(device_dense, device_sparse)
+    exchange.exchanger = Exchanger(policy, communicator,
+                                   None if memory is None else create_memory(memory), op=reduction,
+                                   sparse_as_dense=sparse_as_dense, prefix=prefix, placement=exchange.placement)
+    if shared:
+        exchange.keep = (compression, memory)  # the objects whose identity is in the key stay alive
+        _exchanges[key] = exchange
+    return exchange
+
+
+def _identity(argument: Any) -> Any:
+    if argument is None or isinstance(argument, str):
+        return argument
+    if isinstance(argument, (Mapping, list)):
+        return repr(argument)
+    return ("object", id(argument))
+
+
+class GradientExchange:
+    """Exchanges the gradients of a list of variables through one :class:`~hvdsketch.exchange.Exchanger`."""
+
+    exchanger: Exchanger
+
+    def __init__(self, device_dense: str = "", device_sparse: str = "") -> None:
+        self.device_dense, self.device_sparse = device_dense, device_sparse
+        self._devices: dict[str, str] = {}  # tensor name -> device of its exchange this step
+
+    def placement(self, name: str) -> Any:
+        device = self._devices.get(name, "")
+        return tf.device(device) if device else contextlib.nullcontext()
+
+    @tf.autograph.experimental.do_not_convert  # plain Python over ops: autograph would only slow tracing down
+    def __call__(self, grads: Sequence[Any], sources: Sequence[Any], groups: Any = None, local: Any = frozenset(),
+                 scale_local_gradients: bool = True, generic_names: bool = False) -> list[Any]:
+        """``grads`` (of ``sources``, ``None`` where a source has none) reduced across the process
+        set; the sources whose ``ref()`` is in ``local`` keep their own gradients."""
+        exchanger = self.exchanger
+        grads = list(grads)
+        if not exchanger.communicator.process_set.included():  # as in Horovod: outside the set, local gradients
+            return grads
+        names = _names(sources, generic_names)
+        shapes = [tuple(int(d) for d in s.shape) for s in sources]
+        shared = [i for i, s in enumerate(sources) if s.ref() not in local]
+        if not exchanger.verified:
+            with tf.init_scope():
+                exchanger.verify([(names[i], shapes[i]) for i in shared], tf_ops)
+        present = [i for i in shared if grads[i] is not None]
+        inputs = {names[i]: _as_hvdsketch(grads[i]) for i in present}
+        self._decide_if_traced(inputs, shapes, present)
+        if not tf.executing_eagerly() and self.keeps_python_state():
+            return self._in_python(grads, sources, groups, local, scale_local_gradients, generic_names)
+        for group in _index_groups(groups, sources, present):
+            _start_together(grads, group)
+            inputs.update({names[i]: _as_hvdsketch(grads[i]) for i in group})
+        self._devices = {names[i]: self.device_sparse if isinstance(grads[i], tf.IndexedSlices) else self.device_dense
+                         for i in present}
+        averaged = exchanger.exchange(inputs)
+        for i in present:
+            grads[i] = _as_tf(averaged[names[i]])
+        if scale_local_gradients and len(shared) < len(grads):
+            size = exchanger.communicator.size
+            for i in set(range(len(grads))) - set(shared):
+                grads[i] = None if grads[i] is None else _scaled(grads[i], 1 / size)
+        return grads
+
+    def keeps_python_state(self) -> bool:
+        """Whether the exchange keeps state between steps in Python, which a traced graph would freeze
+        at its first values: residual memory, a method whose error feedback is its own (PowerSGD's
+        warm start and residuals, EF-SignSGD, DGC), the sketch sized anew every step."""
+        exchanger = self.exchanger
+        return exchanger.memory is not None or any(
+            c.feedback or (isinstance(c, SparseSketch) and not c.sized_in_advance)
+            for c in exchanger.policy.compressors().values())
+
+    def _in_python(self, grads: list[Any], sources: Sequence[Any], *args: Any) -> list[Any]:
+        """Inside ``tf.function``, for an exchange that :meth:`keeps_python_state`: the whole exchange
+        as one op (``tf.py_function``) that runs it eagerly at every step, so its state advances
+        step by step as outside a function. It starts once every gradient is computed (no overlap
+        with backward) and returns dense gradients."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        structure = [grads[i] for i in present]
+
+        def run(*flat: tf.Tensor) -> list[tf.Tensor]:
+            full = list(grads)
+            for i, g in zip(present, tf.nest.pack_sequence_as(structure, list(flat), expand_composites=True)):
+                full[i] = g
+            out = self(full, sources, *args)
+            return [tf.convert_to_tensor(out[i]) for i in present]
+
+        outs = tf.py_function(run, tf.nest.flatten(structure, expand_composites=True),
+                              Tout=[grads[i].dtype for i in present], name="hvdsketch_exchange")
+        for i, out in zip(present, outs):
+            out.set_shape(sources[i].shape)
+            grads[i] = out
+        return grads
+
+    def _decide_if_traced(self, inputs: dict[str, Any], shapes: list[tuple[int, ...]], present: list[int]) -> None:
+        """A graph keeps its compressors: a policy yet to decide decides now, on eager stand-ins."""
+        exchanger = self.exchanger
+        policy = exchanger.policy
+        if not (policy.pending and inputs and tf_ops.is_symbolic(values_of(next(iter(inputs.values()))))):
+            return
+        with tf.init_scope():
+            contexts = [TensorContext(name, shapes[i], exchanger.step, exchanger.communicator.size,
+                                      exchanger.communicator.rank) for name, i in zip(inputs, present)]
+            policy.end_step([(_stand_in(g, ctx.shape), ctx) for g, ctx in zip(inputs.values(), contexts)],
+                            exchanger.communicator, traced=True)
+
+
+def _names(sources: Sequence[Any], generic: bool) -> list[str]:
+    """Each source's name (``grad_{i}`` with Horovod's ``use_generic_names``), made unique."""
+    names: list[str] = []
+    for i, source in enumerate(sources):
+        name = f"grad_{i}" if generic else getattr(source, "name", f"source.{i}").removesuffix(":0")
+        names.append(name if name not in names else f"{name}.{i}")
+    return names
+
+
+def _index_groups(groups: Any, sources: Sequence[Any], present: list[int]) -> list[list[int]]:
+    """Horovod's groups as lists of positions in ``sources``: an int splits the present gradients,
+    in order, into that many parts; lists of variables group those (matched by name, as Horovod)."""
+    if groups is None:
+        return []
+    if isinstance(groups, int):
+        return [list(part) for part in _split(present, groups) if part]
+    by_name = {sources[i].name: i for i in present}
+    return [[by_name[v.name] for v in group if v.name in by_name] for group in groups]
+
+
+def _split(items: list[int], parts: int) -> list[list[int]]:
+    size, extra = divmod(len(items), parts)
+    bounds = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [items[bounds[i]:bounds[i + 1]] for i in range(parts)]
+
+
+def _start_together(grads: list[Any], group: list[int]) -> None:
+    """Inside ``tf.function``: every gradient of the group passes on only once all are computed
+    (eagerly they all exist already)."""
+    if len(group) < 2 or tf.executing_eagerly():
+        return
+    ready = [grads[i].values if isinstance(grads[i], tf.IndexedSlices) else grads[i] for i in group]
+    with tf.control_dependencies(ready):
+        for i in group:
+            grads[i] = _mapped(grads[i], tf.identity)
+
+
+def _mapped(grad: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(fn(grad.values), fn(grad.indices), grad.dense_shape)
+    return fn(grad)
+
+
+def _scaled(grad: Any, factor: float) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * factor
+
+
+def _as_hvdsketch(grad: Any) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        shape = tuple(int(d) for d in tf.get_static_value(grad.dense_shape))
+        return RowSparse(tf.cast(grad.indices, tf.int64), grad.values, shape)
+    return grad
+
+
+def _stand_in(grad: Any, shape: tuple[int, ...]) -> Any:
+    """An eager tensor like the traced gradient ``grad``: random normal values of its dtype; for a
+    row-sparse one, distinct rows as many as its static count of looked-up rows (all if unknown)."""
+    if isinstance(grad, RowSparse):
+        dtype = grad.values.dtype
+        looked_up = grad.values.shape[0] if grad.values.shape.rank else None
+        rows = min(shape[0], looked_up or shape[0])
+        indices = tf.range(rows, dtype=tf.int64) * (shape[0] // max(rows, 1))
+        return RowSparse(indices, tf.random.normal((rows, *shape[1:]), dtype=dtype), shape)
+    if not grad.dtype.is_floating:
+        return tf.zeros(shape, grad.dtype)
+    return tf.random.normal(shape, dtype=grad.dtype)
+
+
+def _as_tf(averaged: Any) -> Any:
+    if isinstance(averaged, RowSparse):
+        return tf.IndexedSlices(averaged.values, averaged.indices, tf.constant(averaged.dense_shape, tf.int64))
+    return averaged
+
+
+__all__ = ["GradientExchange", "gradient_exchange", "reduction_of", "groups_of", "adasum_refusal"]

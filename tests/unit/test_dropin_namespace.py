@@ -1,0 +1,92 @@
+"""The drop-in namespaces (``hvdsketch.torch.Compression``, ``hvdsketch.tensorflow.Compression``):
+every compressor by name, one object per flag, a clear error for what Horovod's path cannot carry,
+and, in TensorFlow, made and counted anywhere, inside tf.function too."""
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tensorflow as tf  # noqa: E402
+import torch  # noqa: E402
+
+from hvdsketch.compress import REGISTRY, create  # noqa: E402
+from hvdsketch.dropin import DROP_IN_DEFAULTS, DropInCompression  # noqa: E402
+from hvdsketch.tensorflow import Compression as TFCompression  # noqa: E402
+from hvdsketch.torch import Compression as TorchCompression  # noqa: E402
+
+NAMESPACES = {"torch": (TorchCompression, "hvdsketch.torch.DistributedOptimizer"),
+              "tensorflow": (TFCompression, "hvdsketch.tensorflow.DistributedGradientTape")}
+DROP_IN = {"none", "fp16", "randomk", "sketch"}
+
+
+def test_the_drop_in_compressors_are_the_ones_expected():
+    """If a compressor becomes drop-in (or stops being), the examples' list must follow."""
+    assert {name for name in REGISTRY if create(name, **DROP_IN_DEFAULTS.get(name, {})).drop_in} == DROP_IN
+
+
+@pytest.mark.parametrize("framework", NAMESPACES)
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_compressor_is_an_attribute(framework, name):
+    namespace, own = NAMESPACES[framework]
+    if name in DROP_IN:
+        compression = getattr(namespace, name)
+        assert isinstance(compression, DropInCompression) and compression.compressor.name == name
+        assert getattr(namespace, name) is compression  # one object, so its report() accumulates
+        assert namespace.from_spec(str(compression.compressor)) is compression
+    else:
+        with pytest.raises(ValueError, match=f"{own}.*compression='{name}'"):
+            getattr(namespace, name)
+
+
+@pytest.mark.parametrize("framework", NAMESPACES)
+def test_options_give_one_object_per_flag(framework):
+    namespace, own = NAMESPACES[framework]
+    assert str(namespace.sketch.compressor) == "sketch:density=0.05"  # the drop-in sizing
+    assert namespace.sketch(error=0.25) is namespace.sketch(error=0.25) is namespace.sketch(error=0.25, density=0.05)
+    assert str(namespace.sketch(error=0.25, rows=3).compressor) == "sketch:rows=3,error=0.25,density=0.05"
+    assert namespace.sketch(error=0.25) is not namespace.sketch
+    assert str(namespace.fp16(dtype="bfloat16").compressor) == "fp16:dtype=bfloat16"
+    assert namespace.randomk(ratio=0.5).compressor.ratio == 0.5
+    assert namespace.from_spec("sketch") is namespace.sketch  # the drop-in sizing by flag too
+    assert namespace.from_spec("sketch:ratio=0.1").compressor.density is None
+    with pytest.raises(ValueError, match=own):
+        namespace.from_spec("topk:ratio=0.1")
+    with pytest.raises(ValueError, match="unknown option"):
+        namespace.fp16(ratio=2)
+
+
+def test_torch_report_accumulates_over_accesses():
+    for _ in range(3):
+        compression = TorchCompression.fp16
+        payload, ctx = compression.compress(torch.ones(10))
+        compression.decompress(payload, ctx)
+    report = TorchCompression.fp16.report()
+    assert report["bytes_dense"] >= 3 * 40 and report["bytes_sent"] < report["bytes_dense"]
+
+
+def test_tensorflow_compression_made_inside_tf_function_counts_every_run():
+    """As Horovod's TF2 examples do: the compression named inside a function traced twice (its
+    ``first_batch`` argument a Python bool), and one compression first used in the second trace."""
+    before = TFCompression.sketch(error=0.75).report()["bytes_dense"]
+
+    @tf.function
+    def step(x, first_batch):
+        out = []
+        for compression in [TFCompression.sketch(error=0.75)] + ([] if first_batch else [TFCompression.fp16(
+                dtype="bfloat16")]):
+            payload, ctx = compression.compress(x)
+            out.append(compression.decompress(payload, ctx))
+        return out
+
+    x = tf.constant(np.eye(40, dtype=np.float32))
+    for i in range(4):
+        results = step(x, i == 0)
+    np.testing.assert_allclose(results[1].numpy(), np.eye(40), rtol=1e-2)
+    assert TFCompression.sketch(error=0.75).report()["bytes_dense"] - before == 4 * 40 * 40 * 4
+    assert TFCompression.fp16(dtype="bfloat16").report()["bytes_dense"] >= 3 * 40 * 40 * 4
+    eager = TFCompression.fp16(dtype="bfloat16")
+    dense = eager.report()["bytes_dense"]
+    eager.decompress(*eager.compress(x))
+    assert eager.report()["bytes_dense"] == dense + 40 * 40 * 4
