@@ -78,11 +78,9 @@ class TrainConfig:
                 yield "path horovod takes one compressor flag (Horovod's compression=), not per-tensor rules"
             elif spec.Spec.parse(self.compression).name == "auto":
                 yield "auto chooses per tensor and needs path hvdsketch; path horovod takes one compressor flag"
-            elif not compress.create(self.compression).drop_in:
+            elif not compress.create(self.compression).one_message().drop_in:
                 yield (f"{self.compression!r} needs more than one averaged allreduce, which Horovod's own "
-                       f"optimizer cannot run; use path hvdsketch"
-                       + (" or fix the sketch's size, e.g. sketch:density=0.05"
-                          if spec.Spec.parse(self.compression).name == "sketch" else ""))
+                       f"optimizer cannot run; use path hvdsketch")
         policy.create(self.compression)  # a bad flag or rule raises its SpecError here, on every rank
         if self.memory is not None:
             memory.create(self.memory)

@@ -118,7 +118,7 @@ def config(tmp_path, text: str, **overrides) -> TrainConfig:
     ("path: horovod\nmemory: fp32\n", "memory needs path hvdsketch"),
     ("path: horovod\ncompression: {rules: [], default: none}\n", "not per-tensor rules"),
     ("path: horovod\ncompression: auto\n", "auto chooses per tensor and needs path hvdsketch"),
-    ("path: horovod\ncompression: sketch\n", "needs more than one averaged allreduce.*sketch:density"),
+    ("path: horovod\ncompression: powersgd\n", "needs more than one averaged allreduce.*use path hvdsketch"),
     ("compression: sketchy\n", "unknown compressor 'sketchy'"),
     ("compression: ''\n", "'compression' in the config is empty"),
     ("memory: plan\n", "budget"),

@@ -12,7 +12,7 @@ import tensorflow as tf  # noqa: E402
 import torch  # noqa: E402
 
 from hvdsketch.compress import REGISTRY, create  # noqa: E402
-from hvdsketch.dropin import DROP_IN_DEFAULTS, DropInCompression  # noqa: E402
+from hvdsketch.dropin import DropInCompression  # noqa: E402
 from hvdsketch.tensorflow import Compression as TFCompression  # noqa: E402
 from hvdsketch.torch import Compression as TorchCompression  # noqa: E402
 
@@ -23,7 +23,7 @@ DROP_IN = {"none", "fp16", "randomk", "sketch"}
 
 def test_the_drop_in_compressors_are_the_ones_expected():
     """If a compressor becomes drop-in (or stops being), the examples' list must follow."""
-    assert {name for name in REGISTRY if create(name, **DROP_IN_DEFAULTS.get(name, {})).drop_in} == DROP_IN
+    assert {name for name in REGISTRY if create(name).one_message().drop_in} == DROP_IN
 
 
 @pytest.mark.parametrize("framework", NAMESPACES)
@@ -43,14 +43,14 @@ def test_every_compressor_is_an_attribute(framework, name):
 @pytest.mark.parametrize("framework", NAMESPACES)
 def test_options_give_one_object_per_flag(framework):
     namespace, own = NAMESPACES[framework]
-    assert str(namespace.sketch.compressor) == "sketch:density=0.05"  # the drop-in sizing
-    assert namespace.sketch(error=0.25) is namespace.sketch(error=0.25) is namespace.sketch(error=0.25, density=0.05)
-    assert str(namespace.sketch(error=0.25, rows=3).compressor) == "sketch:rows=3,error=0.25,density=0.05"
+    assert str(namespace.sketch.compressor) == "sketch:bitmap=float"  # its one-message form
+    assert namespace.sketch(error=0.25) is namespace.sketch(error=0.25) is namespace.sketch(error=0.25, bitmap="float")
+    assert str(namespace.sketch(error=0.25, rows=3).compressor) == "sketch:rows=3,error=0.25,bitmap=float"
     assert namespace.sketch(error=0.25) is not namespace.sketch
-    assert str(namespace.fp16(dtype="bfloat16").compressor) == "fp16:dtype=bfloat16"
+    assert namespace.fp16(dtype="float16") is namespace.fp16  # the default, given
     assert namespace.randomk(ratio=0.5).compressor.ratio == 0.5
-    assert namespace.from_spec("sketch") is namespace.sketch  # the drop-in sizing by flag too
-    assert namespace.from_spec("sketch:ratio=0.1").compressor.density is None
+    assert namespace.from_spec("sketch") is namespace.sketch  # the one-message form by flag too
+    assert namespace.from_spec("sketch:ratio=0.1").compressor.ratio == 0.1
     with pytest.raises(ValueError, match=own):
         namespace.from_spec("topk:ratio=0.1")
     with pytest.raises(ValueError, match="unknown option"):
@@ -74,8 +74,7 @@ def test_tensorflow_compression_made_inside_tf_function_counts_every_run():
     @tf.function
     def step(x, first_batch):
         out = []
-        for compression in [TFCompression.sketch(error=0.75)] + ([] if first_batch else [TFCompression.fp16(
-                dtype="bfloat16")]):
+        for compression in [TFCompression.sketch(error=0.75)] + ([] if first_batch else [TFCompression.fp16]):
             payload, ctx = compression.compress(x)
             out.append(compression.decompress(payload, ctx))
         return out
@@ -85,8 +84,8 @@ def test_tensorflow_compression_made_inside_tf_function_counts_every_run():
         results = step(x, i == 0)
     np.testing.assert_allclose(results[1].numpy(), np.eye(40), rtol=1e-2)
     assert TFCompression.sketch(error=0.75).report()["bytes_dense"] - before == 4 * 40 * 40 * 4
-    assert TFCompression.fp16(dtype="bfloat16").report()["bytes_dense"] >= 3 * 40 * 40 * 4
-    eager = TFCompression.fp16(dtype="bfloat16")
+    assert TFCompression.fp16.report()["bytes_dense"] >= 3 * 40 * 40 * 4
+    eager = TFCompression.fp16
     dense = eager.report()["bytes_dense"]
     eager.decompress(*eager.compress(x))
     assert eager.report()["bytes_dense"] == dense + 40 * 40 * 4
