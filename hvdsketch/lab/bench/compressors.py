@@ -117,7 +117,7 @@ def measure(compressor: Any, tensor: Any, shape: tuple[int, ...], step: int, mem
     rounds = [flight.messages]
     flight.settle()
     for m in rounds[0]:
-        ops.synchronize(m.tensor)
+        ops.synchronize(values_of(m.tensor))
     middle = time.perf_counter()
     while not flight.advance([m.tensor for m in rounds[-1]]):
         rounds.append(flight.messages)
@@ -161,6 +161,8 @@ def bench(flag: str, g: np.ndarray, tensor: Any, repeats: int, warmup: int, memc
 
     compressor = create(flag)
     residuals = None if memory is None else create_memory(memory)
+    if isinstance(tensor, RowSparse) and not compressor.row_sparse:
+        tensor = tensor.to_dense()  # as the exchanger hands it over
     runs = [measure(compressor, tensor, g.shape, step, residuals) for step in range(warmup + repeats)][warmup:]
     compress_s = statistics.median(r[0] for r in runs)
     decompress_s = statistics.median(r[1] for r in runs)
