@@ -91,14 +91,20 @@ def _pair(cell: Mapping[str, Outcome], subject: str, baseline: str, field: str) 
     return None if None in values else values  # type: ignore[return-value]
 
 
-def exchange_at_most(fraction: float):
+def _seconds_at_most(limit: float, field: str, than: str | None = None, digits: int = 0):
+    """The subject's ``field`` (seconds) over ``than``'s (the baseline's when None) at most ``limit``."""
     def check(cell, subject, baseline):
-        pair = _pair(cell, subject, baseline, "probe_s")
+        pair = _pair(cell, subject, than or baseline, field)
         if pair is None:
             return None
         ratio = pair[0] / pair[1]
-        return f"{ratio:.2f}x ({1e3 * pair[0]:.0f} vs {1e3 * pair[1]:.0f} ms)", ratio <= fraction
+        return f"{ratio:.2f}x ({1e3 * pair[0]:.{digits}f} vs {1e3 * pair[1]:.{digits}f} ms)", ratio <= limit
     return check
+
+
+def exchange_at_most(fraction: float):
+    """The probed tensor's exchange at most ``fraction`` of the baseline's."""
+    return _seconds_at_most(fraction, "probe_s")
 
 
 def faster_by(at_least: float):
@@ -143,13 +149,8 @@ def both(*checks):
 
 
 def codec_at_most(times: float, than: str):
-    def check(cell, subject, baseline):
-        pair = _pair(cell, subject, than, "codec_s")
-        if pair is None:
-            return None
-        ratio = pair[0] / pair[1]
-        return f"{ratio:.2f}x ({1e3 * pair[0]:.1f} vs {1e3 * pair[1]:.1f} ms)", ratio <= times
-    return check
+    """Codec time at most ``times`` that of entry ``than``."""
+    return _seconds_at_most(times, "codec_s", than, digits=1)
 
 
 def soonest_to_target(at_least: float):
