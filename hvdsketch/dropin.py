@@ -206,12 +206,17 @@ class CompressionNamespace:
     @classmethod
     def from_spec(cls, flag: "str | Compressor") -> PresetCompression:
         """The drop-in compression of a flag, e.g. ``"sketch:error=0.5"``."""
-        compressor = one_message(flag, cls.own)
+        compressor = cls.drop_in_form(one_message(flag, cls.own))
         key = (cls, str(compressor))
         if key not in cls._made:
             made = cls._made[key] = cls.drop_in(compressor)
             made.namespace = cls
         return cls._made[key]
+
+    @classmethod
+    def drop_in_form(cls, compressor: Compressor) -> Compressor:
+        """The compressor as this framework's drop-in path runs it (here: as it is)."""
+        return compressor
 
     @classmethod
     def with_options(cls, name: str, **options: Any) -> PresetCompression:

@@ -1,12 +1,15 @@
 """``hvdsketch.tensorflow.Compression``: drop-in values for Horovod's ``compression=``."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 import tensorflow as tf
 
 import hvdsketch.ops.tensorflow  # noqa: F401  (loaded before tracing, so autograph never sees an import)
+from hvdsketch.compress import Compressor
+from hvdsketch.compress.sketch import SparseSketch
 from hvdsketch.dropin import CompressionNamespace, PresetCompression
 
 
@@ -89,5 +92,17 @@ class Compression(CompressionNamespace):
     anywhere, inside ``tf.function`` too."""
 
     drop_in = TFDropInCompression
+    #: The sketch's first bound, as a fraction of rows, where none is given (see :meth:`drop_in_form`).
+    sketch_density = 0.05
     own = ("hvdsketch.tensorflow.DistributedGradientTape(tape, compression=...) or "
            "hvdsketch.tensorflow.keras.DistributedOptimizer(optimizer, compression=...)")
+
+    @classmethod
+    def drop_in_form(cls, compressor: Compressor) -> Compressor:
+        """Horovod's tape traces its allreduce in a ``tf.function`` even when eager, and a traced
+        sketch keeps the plan of its tracing, with no union seen before it: so the drop-in sketch is
+        sized in advance, for :attr:`sketch_density` of the rows unless ``density`` or ``ratio`` is
+        given."""
+        if isinstance(compressor, SparseSketch) and not compressor.sized_in_advance:
+            return dataclasses.replace(compressor, density=cls.sketch_density)
+        return compressor
