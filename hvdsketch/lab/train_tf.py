@@ -49,8 +49,8 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
             return wrapped.gradient(loss, model.trainable_variables)
 
         def report() -> tuple[int, int]:
-            return (ring_allreduce_bytes(int(compression.bytes_sent.numpy()), size),
-                    ring_allreduce_bytes(int(compression.bytes_dense.numpy()), size))
+            return (ring_allreduce_bytes(int(compression.bytes_sent), size),
+                    ring_allreduce_bytes(int(compression.bytes_dense), size))
     else:
         from hvdsketch.memory import create as create_memory
         from hvdsketch.policy import create

@@ -318,19 +318,23 @@ def test_bench_train_runs_a_tiny_matrix_on_the_cluster(tmp_path):
         timeout_s: 200
         workloads:
           fashion: {{config: {ROOT / 'configs' / 'fashion.yaml'}, epochs: 1, steps_per_epoch: 3}}
+          lstm_tf: {{config: {ROOT / 'configs' / 'lstm_tf.yaml'}, epochs: 1, steps_per_epoch: 2,
+                    workload: "lstm_tf:batch_size=4,bptt=10,vocab_size=2000,embed_dim=16,hidden=16,val_limit=8"}}
         entries:
           - {{label: dense, compression: none, path: horovod}}
-          - {{label: none, compression: none}}
-          - {{label: ddp, runner: hvdsketch.lab.bench.no_such_module}}
+          - {{label: none, compression: none, workloads: [fashion]}}
+          - {{label: dropin-sketch, compression: sketch, path: horovod, workloads: [lstm_tf]}}
+          - {{label: ddp, runner: hvdsketch.lab.bench.no_such_module, workloads: [fashion]}}
         """)
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "hvdsketch.lab.cli", "bench", "train", "--config", config,
                            "--out", str(out)], capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "[1/3 " in done.stdout and "[3/3 " in done.stdout  # progress
+    assert "[1/5 " in done.stdout and "[5/5 " in done.stdout  # progress
     bench = json.loads((out / "bench.json").read_text())
-    status = {r["label"]: r["status"] for r in bench["results"]}
-    assert status == {"dense": "ok", "none": "ok", "ddp": "unavailable"}
+    status = {(r["workload"], r["label"]): r["status"] for r in bench["results"]}
+    assert status == {("fashion", "dense"): "ok", ("fashion", "none"): "ok", ("fashion", "ddp"): "unavailable",
+                      ("lstm_tf", "dense"): "ok", ("lstm_tf", "dropin-sketch"): "ok"}, bench["results"]
     none = next(r for r in bench["results"] if r["label"] == "none")["record"]
     assert none["steps"] == 3 and none["bytes_sent_per_step"] > 0
     fallback = next(t for t in bench["targets"] if t["target"] == "hvdsketch none")
