@@ -181,8 +181,12 @@ def _runs(results: list[Result]) -> list[tuple[str, str, int, str, dict[str, Any
 
 def outcomes(results: list[Result], baseline: str) -> dict[tuple[str, str, int], dict[str, Outcome]]:
     """Per cell and entry label: step time, quality, probed exchange time, codec time, bytes and the
-    time to the baseline's final quality, for the targets."""
+    time to the baseline's final quality, for the targets. Quality is the final one of the long
+    unshaped run of the same workload, rank count and entry where the baseline has one too (a shaped
+    cell trains briefly, to time steps), else the cell's own."""
     cells: dict[tuple[str, str, int], dict[str, Outcome]] = {}
+    long_runs = {(r.workload, r.ranks, r.label): quality(r.record) for r in results
+                 if r.ok and r.rate == UNSHAPED and r.runner != "exchange-probe"}
     probes = {(r.workload, r.rate, r.ranks): {row["label"]: row["exchange_s"] for row in r.record["rows"]}
               for r in results if r.ok and r.runner == "exchange-probe"}
     reach = {(t.workload, t.rate, t.ranks, t.label): t for t in times_to_target(_runs(results), baseline)}
@@ -191,6 +195,8 @@ def outcomes(results: list[Result], baseline: str) -> dict[tuple[str, str, int],
             continue
         cell = (r.workload, r.rate, r.ranks)
         q = quality(r.record) if r.ok else None
+        if r.ok and (r.workload, r.ranks, baseline) in long_runs:
+            q = long_runs.get((r.workload, r.ranks, r.label))
         t = reach.get((*cell, r.label))
         cells.setdefault(cell, {})[r.label] = Outcome(
             step_seconds(r.record) if r.ok else None, q[1] if q else None, q[2] if q else True,
