@@ -78,8 +78,8 @@ class DropInCompression:
         self.step = 0
         self._of_shape: dict[tuple[int, ...], int] = {}  # shape -> tensors of it compressed this step
         self._decompressed = False  # since the last compress: the next compress starts a step
-        self.bytes_sent = 0
-        self.bytes_dense = 0
+        self._sent = 0  # payload bytes counted in Python
+        self._dense = 0  # their dense equivalent
 
     def compress(self, tensor: Any) -> tuple[Any, Any]:
         ops = backend(tensor)
@@ -140,12 +140,16 @@ class DropInCompression:
         raise RuntimeError(f"hvdsketch: {self.compressor.name} asked for a second round in the drop-in path")
 
     def _count(self, sent: int, dense: int) -> None:
-        self.bytes_sent += sent
-        self.bytes_dense += dense
+        self._sent += sent
+        self._dense += dense
+
+    def counts(self) -> tuple[int, int]:
+        """Payload bytes sent and their dense equivalent since construction."""
+        return self._sent, self._dense
 
     def report(self) -> dict[str, float]:
-        """Bytes sent and their dense equivalent since construction."""
-        sent, dense = int(self.bytes_sent), int(self.bytes_dense)
+        """Bytes sent and their dense equivalent since construction, and their ratio."""
+        sent, dense = self.counts()
         return {"compression": str(self.compressor), "bytes_sent": sent, "bytes_dense": dense,
                 "ratio": dense / sent if sent else float("nan")}
 

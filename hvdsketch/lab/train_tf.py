@@ -49,8 +49,7 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
             return wrapped.gradient(loss, model.trainable_variables)
 
         def report() -> tuple[int, int]:
-            return (ring_allreduce_bytes(int(compression.bytes_sent), size),
-                    ring_allreduce_bytes(int(compression.bytes_dense), size))
+            return tuple(ring_allreduce_bytes(n, size) for n in compression.counts())  # type: ignore[return-value]
     else:
         from hvdsketch.memory import create as create_memory
         from hvdsketch.policy import create

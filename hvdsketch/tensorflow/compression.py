@@ -62,21 +62,11 @@ class TFDropInCompression(PresetCompression):
         self._counters[0].assign_add(sent)
         self._counters[1].assign_add(dense)
 
-    @property
-    def bytes_sent(self) -> int:
-        return self._sent + (0 if self._counters is None else int(self._counters[0].numpy()))
-
-    @bytes_sent.setter
-    def bytes_sent(self, value: int) -> None:
-        self._sent = value
-
-    @property
-    def bytes_dense(self) -> int:
-        return self._dense + (0 if self._counters is None else int(self._counters[1].numpy()))
-
-    @bytes_dense.setter
-    def bytes_dense(self, value: int) -> None:
-        self._dense = value
+    def counts(self) -> tuple[int, int]:
+        if self._counters is None:
+            return super().counts()
+        traced = (int(counter.numpy()) for counter in self._counters)
+        return tuple(a + b for a, b in zip(super().counts(), traced))  # type: ignore[return-value]
 
 
 def _counters() -> tuple[tf.Variable, tf.Variable]:
