@@ -124,22 +124,24 @@ def test_loaded_on_rank_0_and_broadcast_resumes_every_rank_exactly(hvd, folder, 
     assert same(model, resumed(hvd, case, checkpoint, on_rank_0_only=True))
 
 
-def test_horovods_broadcast_after_a_rank_0_load_names_the_supported_way(hvd, folder):
-    path = os.path.join(folder, "horovod.pt")
+def loaded_on_rank_0_alone(hvd, folder, name: str):
+    """A fresh model and optimizer, rank 0's optimizer loaded from an uninterrupted run's file."""
+    path = os.path.join(folder, name)
     uninterrupted(hvd, CASES[0], path)
     model, optimizer = make(*CASES[0])
     if hvd.rank() == 0:
         optimizer.load_state_dict(load(path)["optimizer"])
+    return model, optimizer
+
+
+def test_horovods_broadcast_after_a_rank_0_load_names_the_supported_way(hvd, folder):
+    model, optimizer = loaded_on_rank_0_alone(hvd, folder, "horovod.pt")
     with pytest.raises(AgreementError, match="different steps.*hvdsketch.torch.broadcast_optimizer_state"):
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
 
 def test_a_load_on_rank_0_alone_fails_the_next_step_on_every_rank(hvd, folder):
-    path = os.path.join(folder, "alone.pt")
-    uninterrupted(hvd, CASES[0], path)
-    model, optimizer = make(*CASES[0])
-    if hvd.rank() == 0:
-        optimizer.load_state_dict(load(path)["optimizer"])
+    model, optimizer = loaded_on_rank_0_alone(hvd, folder, "alone.pt")
     with pytest.raises(AgreementError, match="different steps.*loaded on every rank.*broadcast_optimizer_state"):
         train(model, optimizer, 0, 1, hvd.rank())
 
