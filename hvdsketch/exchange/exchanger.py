@@ -165,6 +165,9 @@ class Exchanger:
         if not self._flights:  # the step's first tensor
             if not traced:
                 self._tag = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup)])
+                if self._tag.test():  # landed already (TensorFlow's eager collectives block): check it before any
+                    tag, self._tag = self._tag, None  # round, so a rank that is not in this step is not waited for
+                    self._check_step(tag.wait()[0])
             ordered = getattr(self.communicator, "ordered", False) and self._expected is not None
             self._launch = LaunchOrder(self._expected) if ordered else None
         self._given[name] = values

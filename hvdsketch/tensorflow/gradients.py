@@ -21,6 +21,8 @@ one Python op at every step, which waits for every gradient.
 from __future__ import annotations
 
 import contextlib
+import copy
+import os
 from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
@@ -31,11 +33,13 @@ from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.compress import RowSparse, TensorContext
 from hvdsketch.compress.sketch import SparseSketch
 from hvdsketch.compress.support import values_of
-from hvdsketch.exchange import Exchanger, agreement
+from hvdsketch.exchange import Exchanger, agreement, checkpoint
 from hvdsketch.ops import tensorflow as tf_ops
 
 _exchanges: dict[tuple, "GradientExchange"] = {}  # setup -> the one exchange the tapes of that setup share
 _made: dict[str, int] = {}  # setup -> exchanges of it made so far in this process
+#: Called with each tape's exchange as it is made (a restored checkpoint gives it its state).
+on_new_tape: list[Callable[["GradientExchange"], None]] = []
 
 
 def reduction_of(hvd: Any, op: Any, gradient_predivide_factor: float) -> str:
@@ -104,7 +108,19 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
     if shared:
         exchange.keep = (compression, memory)  # the objects whose identity is in the key stay alive
         _exchanges[key] = exchange
+        for listener in on_new_tape:
+            listener(exchange)
     return exchange
+
+
+def elastic() -> bool:
+    """Whether this process is a worker of a Horovod elastic job (Horovod's own test)."""
+    return bool(int(os.environ.get("HOROVOD_ELASTIC", 0)))
+
+
+def tape_exchanges() -> list["GradientExchange"]:
+    """The exchanges of this process's tapes (:class:`DistributedGradientTape`), in the order they were made."""
+    return list(_exchanges.values())
 
 
 def _identity(argument: Any) -> Any:
@@ -122,6 +138,8 @@ class GradientExchange:
 
     def __init__(self, device_dense: str = "", device_sparse: str = "") -> None:
         self.device_dense, self.device_sparse = device_dense, device_sparse
+        #: Set by Horovod elastic's sync: the next exchange agrees anew with the ranks of the new world.
+        self.rejoin = False
         self._devices: dict[str, str] = {}  # tensor name -> device of its exchange this step
 
     def placement(self, name: str) -> Any:
@@ -140,9 +158,7 @@ class GradientExchange:
         names = _names(sources, generic_names)
         shapes = [tuple(int(d) for d in s.shape) for s in sources]
         shared = [i for i, s in enumerate(sources) if s.ref() not in local]
-        if not exchanger.verified:
-            with tf.init_scope():
-                exchanger.verify([(names[i], shapes[i]) for i in shared], tf_ops)
+        self._join([(names[i], shapes[i]) for i in shared])
         present = [i for i in shared if grads[i] is not None]
         inputs = {names[i]: _as_hvdsketch(grads[i]) for i in present}
         self._decide_if_traced(inputs, shapes, present)
@@ -165,9 +181,10 @@ class GradientExchange:
     def keeps_python_state(self) -> bool:
         """Whether the exchange keeps state between steps in Python, which a traced graph would freeze
         at its first values: residual memory, a method whose error feedback is its own (PowerSGD's
-        warm start and residuals, EF-SignSGD, DGC), the sketch sized anew every step."""
+        warm start and residuals, EF-SignSGD, DGC), the sketch sized anew every step; and under
+        Horovod elastic every exchange, since a graph would keep the world size it was traced in."""
         exchanger = self.exchanger
-        return exchanger.memory is not None or any(
+        return elastic() or exchanger.memory is not None or any(
             c.feedback or (isinstance(c, SparseSketch) and not c.sized_in_advance)
             for c in exchanger.policy.compressors().values())
 
@@ -192,6 +209,46 @@ class GradientExchange:
             out.set_shape(sources[i].shape)
             grads[i] = out
         return grads
+
+    def _join(self, tensors: list[tuple[str, tuple[int, ...]]]) -> None:
+        """Where a world begins (the first exchange; the first after Horovod elastic's sync, or in a
+        world of another size): every rank checks that it agrees with the others
+        (:func:`hvdsketch.exchange.checkpoint.join`); under Horovod elastic a world that changed
+        starts every rank's per-rank state afresh alike."""
+        exchanger = self.exchanger
+        if exchanger.verified and exchanger.world == exchanger.communicator.size and not self.rejoin:
+            return
+        with tf.init_scope():
+            checkpoint.join(exchanger, tensors, tf_ops, elastic=self.rejoin or exchanger.verified or elastic())
+        self.rejoin = False
+
+    # -- checkpoints (hvdsketch.tensorflow.state) and Horovod elastic (hvdsketch.tensorflow.elastic) --
+
+    def gather(self) -> dict[str, Any] | None:
+        """Every rank's state in one checkpoint (collective; ``None`` outside the process set)."""
+        if not self.exchanger.communicator.process_set.included():
+            return None
+        with tf.init_scope():
+            return checkpoint.gather(self.exchanger, tf_ops)
+
+    def load(self, saved: Mapping[str, Any] | None, reset_on_change: bool = False) -> None:
+        """This rank's entry of :meth:`gather`'s checkpoint (see
+        :func:`hvdsketch.exchange.checkpoint.resolve` for another world or setup)."""
+        if saved is None or not self.exchanger.communicator.process_set.included():
+            return
+        states = checkpoint.resolve(saved, self.exchanger, reset_on_change)
+        self.load_local_state(states[self.exchanger.communicator.rank])
+
+    def local_state(self) -> dict[str, Any]:
+        """A copy of this rank's state alone (no communication): what Horovod elastic commits."""
+        return copy.deepcopy(self.exchanger.state_dict())
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`local_state` (or a rank's entry of a checkpoint), forgetting any step
+        broken off."""
+        self.exchanger.abandon()
+        with tf.init_scope():
+            self.exchanger.load_state_dict(copy.deepcopy(state), _tensor)
 
     def _decide_if_traced(self, inputs: dict[str, Any], shapes: list[tuple[int, ...]], present: list[int]) -> None:
         """A graph keeps its compressors: a policy yet to decide decides now, on eager stand-ins."""
@@ -274,6 +331,11 @@ def _stand_in(grad: Any, shape: tuple[int, ...]) -> Any:
     if not grad.dtype.is_floating:
         return tf.zeros(shape, grad.dtype)
     return tf.random.normal(shape, dtype=grad.dtype)
+
+
+def _tensor(name: str, array: Any) -> tf.Tensor:
+    """A checkpoint's array as an eager tensor (its first use moves it to its gradient's device)."""
+    return tf.constant(array)
 
 
 def _as_tf(averaged: Any) -> Any:

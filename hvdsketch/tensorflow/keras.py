@@ -18,6 +18,11 @@ ops, each gradient's exchange its own; an exchange that keeps state between step
 sized every step), which tracing would freeze, runs as one Python op every step instead (see
 :meth:`hvdsketch.tensorflow.gradients.GradientExchange.keeps_python_state`): it trains as it
 would eagerly, without overlapping backward.
+
+Checkpoints: the optimizer tracks every rank's hvdsketch state as ``optimizer.hvdsketch_state``
+(:class:`hvdsketch.tensorflow.state.ExchangeState`), so ``tf.train.Checkpoint(optimizer=...)``
+and ``model.save_weights`` in TensorFlow's format carry it. Gathering it is collective: under
+``model.fit``, give every rank a :class:`GatherStateCallback` ahead of rank 0's ``ModelCheckpoint``.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import tensorflow as tf
 
 from hvdsketch.policy.flag import unwrapped
 from hvdsketch.tensorflow.gradients import GradientExchange, gradient_exchange, groups_of, reduction_of
+from hvdsketch.tensorflow.state import ExchangeState
 
 class _Aggregation:
     """Horovod's local gradient aggregation (``backward_passes_per_step``): a counter and one
@@ -190,4 +196,43 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     aggregation = (None if backward_passes_per_step == 1 else
                    _Aggregation(backward_passes_per_step, average_aggregated_gradients, sparse_as_dense))
     wrapped._hvdsketch = _Setup(exchange, groups, scale_local_gradients, aggregation)
+    wrapped.hvdsketch_state = ExchangeState(lambda: [exchange])
+    wrapped._track_trackable(wrapped.hvdsketch_state, name="hvdsketch_state", overwrite=True)  # legacy ones too
     return wrapped
+
+
+class GatherStateCallback(tf.keras.callbacks.Callback):
+    """Gathers every rank's hvdsketch state (collective) where ``ModelCheckpoint`` saves, so that
+    rank 0's checkpoint resumes every rank: on every rank, ahead of ``ModelCheckpoint`` in the list::
+
+        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                     hvdsketch.tensorflow.keras.GatherStateCallback()]
+        if hvd.rank() == 0:
+            callbacks.append(tf.keras.callbacks.ModelCheckpoint(path, save_weights_only=True))
+
+    Args:
+        save_freq: ``ModelCheckpoint``'s: ``"epoch"``, or a number of batches.
+    """
+
+    def __init__(self, save_freq: str | int = "epoch") -> None:
+        super().__init__()
+        if save_freq != "epoch" and not (isinstance(save_freq, int) and save_freq > 0):
+            raise ValueError(f"save_freq must be 'epoch' or a positive number of batches, got {save_freq!r}")
+        self.save_freq, self._batches = save_freq, 0
+
+    def _gather(self) -> None:
+        state = getattr(self.model.optimizer, "hvdsketch_state", None)
+        if state is None:
+            raise ValueError("hvdsketch: GatherStateCallback needs the model compiled with "
+                             "hvdsketch.tensorflow.keras.DistributedOptimizer")
+        state.gather()
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self.save_freq != "epoch":
+            self._batches += 1
+            if self._batches % self.save_freq == 0:
+                self._gather()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.save_freq == "epoch":
+            self._gather()

@@ -1,13 +1,16 @@
-"""A Horovod training script with hvdsketch's optimizer, for the fault tests (tests/unit/test_elastic.py).
+"""A Horovod training script with hvdsketch (error feedback on), for the fault tests (tests/unit/test_elastic.py).
 
-``--scenario kill``: inside ``hvd.elastic.run`` with ``hvd.elastic.TorchState``, the
-worker on host ``localhost`` (the discovery script's one-slot host) exits at
-step ``--at`` on its first launch (a marker file says it did); the others go on.
-``--scenario add``: rank 0 adds host ``localhost`` to the discovery file at step
-``--at``; training goes on until the new worker has joined. ``--scenario die``:
-no elastic (plain ``mpirun``/``horovodrun``); rank 1 kills itself at step
-``--at``. At the end every rank writes ``rank{r}.json`` into ``--out``: the
-world's size, the step and a digest of its parameters.
+``--framework torch``: hvdsketch's ``DistributedOptimizer`` in ``hvd.elastic.TorchState``;
+``--framework tensorflow``: hvdsketch's ``DistributedGradientTape`` in an eager loop, in
+``hvdsketch.tensorflow.elastic.TensorFlowKerasState``.
+
+``--scenario kill``: inside ``hvd.elastic.run``, the worker on host ``localhost`` (the
+discovery script's one-slot host) exits at step ``--at`` on its first launch (a marker
+file says it did); the others go on. ``--scenario add``: rank 0 adds host ``localhost``
+to the discovery file at step ``--at``; training goes on until the new worker has
+joined. ``--scenario die``: no elastic (plain ``mpirun``/``horovodrun``); rank 1 kills
+itself at step ``--at``. At the end every rank writes ``rank{r}.json`` into ``--out``:
+the world's size, the step and a digest of its parameters.
 """
 import argparse
 import hashlib
@@ -16,36 +19,76 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
-import torch
-
-import horovod.torch as hvd
-import hvdsketch.torch as hvdsketch_torch
 
 parser = argparse.ArgumentParser()
+parser.add_argument("--framework", choices=["torch", "tensorflow"], default="torch")
 parser.add_argument("--scenario", choices=["kill", "add", "die"], required=True)
 parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--hosts", type=Path, help="the discovery script's file (add)")
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--at", type=int, default=8)
 args = parser.parse_args()
-
-hvd.init()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-optimizer = hvdsketch_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                                 model.named_parameters(), compression="topk:ratio=0.2",
-                                                 memory="fp32")
+COMPRESSION, MEMORY = "topk:ratio=0.2", "fp32"
 
 
-def one_step(step: int) -> None:
-    rng = np.random.default_rng([hvd.rank(), step])
-    x = torch.from_numpy(rng.standard_normal((8, 16)).astype(np.float32))
-    y = torch.from_numpy(rng.integers(0, 4, size=8))
-    optimizer.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    optimizer.step()
+def batch(rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng([rank, step])
+    return rng.standard_normal((8, 16)).astype(np.float32), rng.integers(0, 4, size=8)
+
+
+def torch_job() -> tuple[Any, Callable[[int], None], Callable[[], bytes], Callable[[], Any]]:
+    """Horovod, one training step, the parameters' bytes, and a new elastic state."""
+    import torch
+
+    import horovod.torch as hvd
+    import hvdsketch.torch as hvdsketch_torch
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    optimizer = hvdsketch_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                                     model.named_parameters(), compression=COMPRESSION, memory=MEMORY)
+
+    def one_step(step: int) -> None:
+        x, y = (torch.from_numpy(a) for a in batch(hvd.rank(), step))
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    return (hvd, one_step, lambda: b"".join(p.detach().numpy().tobytes() for p in model.parameters()),
+            lambda: hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0))
+
+
+def tensorflow_job() -> tuple[Any, Callable[[int], None], Callable[[], bytes], Callable[[], Any]]:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+
+    import horovod.tensorflow as hvd
+    import hvdsketch.tensorflow as hvdsketch_tf
+
+    hvd.init()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((16,)), tf.keras.layers.Dense(32, activation="relu"),
+                                 tf.keras.layers.Dense(4)])
+    optimizer = tf.keras.optimizers.SGD(0.05, momentum=0.9)
+    optimizer.build(model.trainable_variables)  # its variables exist for the state to keep
+
+    def one_step(step: int) -> None:
+        x, y = batch(hvd.rank(), step)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
+        tape = hvdsketch_tf.DistributedGradientTape(tape, compression=COMPRESSION, memory=MEMORY)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    return (hvd, one_step, lambda: b"".join(v.numpy().tobytes() for v in model.trainable_variables),
+            lambda: hvdsketch_tf.elastic.TensorFlowKerasState(model, optimizer, step=0))
+
+
+hvd, one_step, parameters, new_state = torch_job() if args.framework == "torch" else tensorflow_job()
 
 
 def fault(step: int) -> None:
@@ -80,7 +123,7 @@ def train(state) -> None:
 
 
 def report(step: int) -> None:
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+    digest = hashlib.sha256(parameters()).hexdigest()
     (args.out / f"rank{hvd.rank()}.json").write_text(json.dumps({"size": hvd.size(), "step": step,
                                                                  "digest": digest}))
 
@@ -91,6 +134,6 @@ if args.scenario == "die":
         one_step(step)
     report(args.steps)
 else:
-    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
+    state = new_state()
     train(state)
     report(state.step)

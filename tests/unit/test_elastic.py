@@ -1,4 +1,4 @@
-"""Faults the way Horovod users meet them, with hvdsketch's optimizer (error feedback on).
+"""Faults the way Horovod users meet them, with hvdsketch (error feedback on), in PyTorch and TensorFlow.
 
 Horovod elastic on localhost (Gloo): two host names for this one machine,
 ``127.0.0.1`` with two slots and ``localhost`` with one, so the host Horovod
@@ -16,11 +16,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.spawn import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "elastic" / "worker.py"
 LIMIT = 150
+FRAMEWORKS = pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 
 
 def run(cmd: list[str], cwd: Path, limit: float = LIMIT) -> tuple[int, str, float]:
@@ -39,14 +42,14 @@ def run(cmd: list[str], cwd: Path, limit: float = LIMIT) -> tuple[int, str, floa
     return child.returncode, out, time.monotonic() - start
 
 
-def elastic(tmp_path: Path, scenario: str, np_: int, hosts: str) -> str:
+def elastic(tmp_path: Path, framework: str, scenario: str, np_: int, hosts: str) -> str:
     (tmp_path / "hosts").write_text(hosts)
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
     discover.chmod(0o755)
     cmd = ["horovodrun", "--gloo", "--network-interface", "lo", "-np", str(np_), "--min-np", "2", "--max-np", "3",
-           "--host-discovery-script", str(discover), sys.executable, str(WORKER), "--scenario", scenario,
-           "--out", str(tmp_path), "--hosts", str(tmp_path / "hosts")]
+           "--host-discovery-script", str(discover), sys.executable, str(WORKER), "--framework", framework,
+           "--scenario", scenario, "--out", str(tmp_path), "--hosts", str(tmp_path / "hosts")]
     status, out, _ = run(cmd, tmp_path)
     assert status == 0, out[-4000:]
     return out
@@ -56,8 +59,9 @@ def survivors(tmp_path: Path) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
 
 
-def test_a_worker_killed_mid_training_leaves_the_others_training_alike(tmp_path):
-    out = elastic(tmp_path, "kill", 3, "127.0.0.1:2\nlocalhost:1\n")
+@FRAMEWORKS
+def test_a_worker_killed_mid_training_leaves_the_others_training_alike(tmp_path, framework):
+    out = elastic(tmp_path, framework, "kill", 3, "127.0.0.1:2\nlocalhost:1\n")
     assert (tmp_path / "fault.done").exists()
     ends = survivors(tmp_path)
     assert [e["size"] for e in ends] == [2, 2], out[-3000:]
@@ -65,17 +69,19 @@ def test_a_worker_killed_mid_training_leaves_the_others_training_alike(tmp_path)
     assert "hvdsketch: the world changed (3 -> 2 ranks" in out
 
 
-def test_a_worker_added_mid_training_joins_and_trains_alike(tmp_path):
-    out = elastic(tmp_path, "add", 2, "127.0.0.1:2\n")
+@FRAMEWORKS
+def test_a_worker_added_mid_training_joins_and_trains_alike(tmp_path, framework):
+    out = elastic(tmp_path, framework, "add", 2, "127.0.0.1:2\n")
     ends = survivors(tmp_path)
     assert [e["size"] for e in ends] == [3, 3, 3], out[-3000:]
     assert len({e["digest"] for e in ends}) == 1
     assert "hvdsketch: the world changed (2 -> 3 ranks" in out
 
 
-def test_a_rank_killed_outside_elastic_ends_the_job_non_zero_promptly(tmp_path):
-    cmd = ["mpirun", "--bind-to", "none", "-np", "2", sys.executable, str(WORKER), "--scenario", "die",
-           "--out", str(tmp_path)]
+@FRAMEWORKS
+def test_a_rank_killed_outside_elastic_ends_the_job_non_zero_promptly(tmp_path, framework):
+    cmd = ["mpirun", "--bind-to", "none", "-np", "2", sys.executable, str(WORKER), "--framework", framework,
+           "--scenario", "die", "--out", str(tmp_path)]
     if os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
     status, out, _ = run(cmd, tmp_path, limit=60)  # raises past 60 s

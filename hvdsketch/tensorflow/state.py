@@ -1,0 +1,107 @@
+"""hvdsketch's per-rank state in ``tf.train.Checkpoint``: one file, saved on rank 0, resumes every rank.
+
+Error-feedback residuals and some compressors' state (DGC's velocity, PowerSGD's
+warm start, EF-SignSGD's residuals) differ on every rank, while Horovod users save
+on rank 0 only. An :class:`ExchangeState` is a ``tf.train.Checkpoint``-trackable
+object whose saved value is every rank's state (:mod:`hvdsketch.exchange.checkpoint`):
+gathering it is a collective, so every rank calls :meth:`ExchangeState.gather`
+between steps and then rank 0 saves; on resume every rank restores the one file
+and takes its own entry::
+
+    state = hvdsketch.tensorflow.TapeState()     # this process's DistributedGradientTapes
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, hvdsketch=state)
+    checkpoint.restore(tf.train.latest_checkpoint(folder))   # on every rank (or see broadcast)
+    for step in ...:
+        ... tape = hvdsketch.tensorflow.DistributedGradientTape(tape, compression="topk:ratio=0.01",
+                                                             memory="fp32") ...
+        if step % 100 == 0:
+            state.gather()                       # every rank: collective
+            if hvd.rank() == 0:
+                checkpoint.save(os.path.join(folder, "ckpt"))
+
+hvdsketch's tf-keras ``DistributedOptimizer`` tracks its own :class:`ExchangeState`
+(``optimizer.hvdsketch_state``) as a dependency, so ``tf.train.Checkpoint(optimizer=...)``
+and ``model.save_weights`` (TensorFlow format) carry it; under ``model.fit`` put
+:class:`hvdsketch.tensorflow.keras.GatherStateCallback` on every rank
+before rank 0's ``ModelCheckpoint``.
+
+A save whose state was not gathered at this step gathers it then: saving on every
+rank works too, and a save on rank 0 alone raises there and at the other ranks'
+next step (an :class:`~hvdsketch.exchange.AgreementError` naming the fix), never a
+hang. A checkpoint of another number of ranks or another compression setup is a
+``ValueError`` at restore (or at the first tape, for a tape not yet made), unless
+``reset_on_change=True``, which starts every rank's residuals afresh, keeps the
+step and warns on rank 0. Restored on rank 0 alone, :meth:`ExchangeState.broadcast`
+gives every rank its entry.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from hvdsketch.tensorflow.gradients import GradientExchange, on_new_tape, tape_exchanges
+
+#: The version of the saved value's layout: ``{"format": 1, "exchanges": [checkpoint, ...]}``.
+FORMAT = 1
+
+
+class ExchangeState(tf.train.experimental.PythonState):
+    """Every rank's hvdsketch state of the exchanges ``exchanges()`` gives, as a checkpoint saves it.
+
+    Args:
+        exchanges: the exchanges, in an order every rank shares (made anew at each call: tapes
+            come into being at their first step).
+        reset_on_change: restore a checkpoint of another number of ranks or compression setup by
+            starting every rank's per-rank state afresh (logged on rank 0) instead of raising.
+    """
+
+    def __init__(self, exchanges: Callable[[], list[GradientExchange]], reset_on_change: bool = False) -> None:
+        self.exchanges, self.reset_on_change = exchanges, reset_on_change
+        self._gathered: tuple[list[int], list[Any]] | None = None  # (each exchange's step, its checkpoint)
+        self._restored: bytes | None = None
+        self._pending: list[Any] = []  # checkpoints for exchanges not made yet, in their order
+
+    def gather(self) -> None:
+        """Collect every rank's state for the next save (collective: every rank, between steps)."""
+        exchanges = self.exchanges()
+        self._gathered = ([x.exchanger.step for x in exchanges], [x.gather() for x in exchanges])
+
+    def serialize(self) -> bytes:
+        exchanges = self.exchanges()
+        if self._gathered is None or self._gathered[0] != [x.exchanger.step for x in exchanges]:
+            self.gather()
+        return pickle.dumps({"format": FORMAT, "exchanges": self._gathered[1]}, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def deserialize(self, string_value: bytes) -> None:
+        saved = pickle.loads(string_value)
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+            raise ValueError("hvdsketch: the checkpoint's hvdsketch entry is not one hvdsketch's ExchangeState saved")
+        self._restored = string_value
+        exchanges = self.exchanges()
+        for exchange, entry in zip(exchanges, saved["exchanges"]):
+            exchange.load(entry, self.reset_on_change)
+        self._pending = saved["exchanges"][len(exchanges):]
+
+    def claim(self, exchange: GradientExchange) -> None:
+        """A new exchange (a tape's, at its first step) takes the next restored entry not yet taken."""
+        if self._pending:
+            exchange.load(self._pending.pop(0), self.reset_on_change)
+
+    def broadcast(self, root_rank: int = 0) -> None:
+        """After a restore on ``root_rank`` alone: every rank takes its own entry of what the root
+        restored (collective; a root that restored nothing leaves every rank's state as it is)."""
+        import horovod.tensorflow as hvd
+
+        restored = hvd.broadcast_object(self._restored, root_rank, name="hvdsketch.state.broadcast")
+        if restored is not None and hvd.rank() != root_rank:
+            self.deserialize(restored)
+
+
+def TapeState(reset_on_change: bool = False) -> ExchangeState:
+    """The :class:`ExchangeState` of this process's :func:`DistributedGradientTape` objects, for a
+    ``tf.train.Checkpoint`` (a tape made later, at its first step, takes its restored state then)."""
+    state = ExchangeState(tape_exchanges, reset_on_change)
+    on_new_tape.append(state.claim)
+    return state
