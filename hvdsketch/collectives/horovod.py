@@ -47,6 +47,17 @@ class HorovodHandle:
         return self._results
 
 
+#: What the message of a TensorFlow op error says where a Horovod collective failed (a rank left).
+HOROVOD_FAILURE = re.compile(r"Horovod(Grouped)?(Allreduce|Allgather|Broadcast)|Horovod has been shut down")
+
+
+def horovod_failed(error: BaseException) -> bool:
+    """Whether ``error`` is TensorFlow's error of a failed Horovod collective: it is Horovod's
+    ``HorovodInternalError`` there, which Horovod elastic recovers from (its TensorFlow ``run`` tells
+    only the ungrouped collectives' errors)."""
+    return type(error).__name__ == "UnknownError" and bool(HOROVOD_FAILURE.search(str(error)))
+
+
 class HorovodCommunicator:
     """Reduce messages with ``hvd`` = ``horovod.torch`` or ``horovod.tensorflow``, over
     ``process_set`` (Horovod's global set when ``None``); ``average`` messages are scaled by
@@ -87,12 +98,20 @@ class HorovodCommunicator:
         if not self.asynchronous:
             kwargs.update(name=re.sub("[^a-zA-Z0-9_]", "_", name), ignore_name_scope=True)
         if op == "gather":
-            return (hvd.grouped_allgather_async if self.asynchronous else hvd.grouped_allgather)(tensors, **kwargs)
-        reduce_op = {"average": hvd.Average, "sum": hvd.Sum, "max": hvd.Max}[op]
-        if op == "average" and self.predivide != 1.0:
-            kwargs.update(prescale_factor=1.0 / self.predivide, postscale_factor=self.predivide)
-        return (hvd.grouped_allreduce_async if self.asynchronous else hvd.grouped_allreduce)(
-            tensors, op=reduce_op, **kwargs)
+            collective = hvd.grouped_allgather_async if self.asynchronous else hvd.grouped_allgather
+        else:
+            kwargs["op"] = {"average": hvd.Average, "sum": hvd.Sum, "max": hvd.Max}[op]
+            if op == "average" and self.predivide != 1.0:
+                kwargs.update(prescale_factor=1.0 / self.predivide, postscale_factor=self.predivide)
+            collective = hvd.grouped_allreduce_async if self.asynchronous else hvd.grouped_allreduce
+        try:
+            return collective(tensors, **kwargs)
+        except Exception as error:
+            if horovod_failed(error):
+                from horovod.common.exceptions import HorovodInternalError
+
+                raise HorovodInternalError(error) from error
+            raise
 
     def collect(self, messages: Sequence[Message], started: list[tuple[str, list[int], Any]]) -> list[Any]:
         """Wait for every group of a round and count its bytes; the results in message order."""

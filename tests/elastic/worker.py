@@ -2,7 +2,8 @@
 
 ``--framework torch``: hvdsketch's ``DistributedOptimizer`` in ``hvd.elastic.TorchState``;
 ``--framework tensorflow``: hvdsketch's ``DistributedGradientTape`` in an eager loop, in
-``hvdsketch.tensorflow.elastic.TensorFlowKerasState``.
+``hvdsketch.tensorflow.elastic.TensorFlowKerasState`` under ``hvd.elastic.run``; with
+``--graph`` each step a ``tf.function``, under ``hvdsketch.tensorflow.elastic.run``.
 
 ``--scenario kill``: inside ``hvd.elastic.run``, the worker on host ``localhost`` (the
 discovery script's one-slot host) exits at step ``--at`` on its first launch (a marker
@@ -18,6 +19,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,8 +32,18 @@ parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--hosts", type=Path, help="the discovery script's file (add)")
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--at", type=int, default=8)
+parser.add_argument("--graph", action="store_true", help="TensorFlow: each step a tf.function")
 args = parser.parse_args()
 COMPRESSION, MEMORY = "topk:ratio=0.2", "fp32"
+
+
+@dataclass
+class Job:
+    hvd: Any
+    one_step: Callable[[int], None]
+    parameters: Callable[[], bytes]
+    new_state: Callable[[], Any]
+    run: Callable[[Callable], Callable]  # the elastic decorator
 
 
 def batch(rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -39,8 +51,7 @@ def batch(rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.standard_normal((8, 16)).astype(np.float32), rng.integers(0, 4, size=8)
 
 
-def torch_job() -> tuple[Any, Callable[[int], None], Callable[[], bytes], Callable[[], Any]]:
-    """Horovod, one training step, the parameters' bytes, and a new elastic state."""
+def torch_job() -> Job:
     import torch
 
     import horovod.torch as hvd
@@ -58,11 +69,11 @@ def torch_job() -> tuple[Any, Callable[[int], None], Callable[[], bytes], Callab
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
 
-    return (hvd, one_step, lambda: b"".join(p.detach().numpy().tobytes() for p in model.parameters()),
-            lambda: hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0))
+    return Job(hvd, one_step, lambda: b"".join(p.detach().numpy().tobytes() for p in model.parameters()),
+               lambda: hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0), hvd.elastic.run)
 
 
-def tensorflow_job() -> tuple[Any, Callable[[int], None], Callable[[], bytes], Callable[[], Any]]:
+def tensorflow_job() -> Job:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
@@ -76,19 +87,22 @@ def tensorflow_job() -> tuple[Any, Callable[[int], None], Callable[[], bytes], C
     optimizer = tf.keras.optimizers.SGD(0.05, momentum=0.9)
     optimizer.build(model.trainable_variables)  # its variables exist for the state to keep
 
-    def one_step(step: int) -> None:
-        x, y = batch(hvd.rank(), step)
+    def train_step(x, y) -> None:
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
         tape = hvdsketch_tf.DistributedGradientTape(tape, compression=COMPRESSION, memory=MEMORY)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
 
-    return (hvd, one_step, lambda: b"".join(v.numpy().tobytes() for v in model.trainable_variables),
-            lambda: hvdsketch_tf.elastic.TensorFlowKerasState(model, optimizer, step=0))
+    compiled = tf.function(train_step) if args.graph else train_step
+    return Job(hvd, lambda step: compiled(*batch(hvd.rank(), step)),
+               lambda: b"".join(v.numpy().tobytes() for v in model.trainable_variables),
+               lambda: hvdsketch_tf.elastic.TensorFlowKerasState(model, optimizer, step=0),
+               hvdsketch_tf.elastic.run if args.graph else hvd.elastic.run)
 
 
-hvd, one_step, parameters, new_state = torch_job() if args.framework == "torch" else tensorflow_job()
+job = torch_job() if args.framework == "torch" else tensorflow_job()
+hvd = job.hvd
 
 
 def fault(step: int) -> None:
@@ -112,18 +126,18 @@ def going_on(state) -> bool:
     return args.scenario == "add" and hvd.size() < 3 and state.step < 50 * args.steps
 
 
-@hvd.elastic.run
+@job.run
 def train(state) -> None:
     while going_on(state):
         fault(state.step)
-        one_step(state.step)
+        job.one_step(state.step)
         state.step += 1
         state.commit()
         time.sleep(0.01)
 
 
 def report(step: int) -> None:
-    digest = hashlib.sha256(parameters()).hexdigest()
+    digest = hashlib.sha256(job.parameters()).hexdigest()
     (args.out / f"rank{hvd.rank()}.json").write_text(json.dumps({"size": hvd.size(), "step": step,
                                                                  "digest": digest}))
 
@@ -131,9 +145,9 @@ def report(step: int) -> None:
 if args.scenario == "die":
     for step in range(args.steps):
         fault(step)
-        one_step(step)
+        job.one_step(step)
     report(args.steps)
 else:
-    state = new_state()
+    state = job.new_state()
     train(state)
     report(state.step)
