@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "elastic" / "worker.py"
 LIMIT = 150
 FRAMEWORKS = pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+#: The worker's options: each framework's loop, and TensorFlow's steps as tf.function.
+LOOPS = pytest.mark.parametrize("worker", [["--framework", "torch"], ["--framework", "tensorflow"],
+                                           ["--framework", "tensorflow", "--graph"]], ids=" ".join)
 
 
 def run(cmd: list[str], cwd: Path, limit: float = LIMIT) -> tuple[int, str, float]:
@@ -42,13 +45,13 @@ def run(cmd: list[str], cwd: Path, limit: float = LIMIT) -> tuple[int, str, floa
     return child.returncode, out, time.monotonic() - start
 
 
-def elastic(tmp_path: Path, framework: str, scenario: str, np_: int, hosts: str) -> str:
+def elastic(tmp_path: Path, worker: list[str], scenario: str, np_: int, hosts: str) -> str:
     (tmp_path / "hosts").write_text(hosts)
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
     discover.chmod(0o755)
     cmd = ["horovodrun", "--gloo", "--network-interface", "lo", "-np", str(np_), "--min-np", "2", "--max-np", "3",
-           "--host-discovery-script", str(discover), sys.executable, str(WORKER), "--framework", framework,
+           "--host-discovery-script", str(discover), sys.executable, str(WORKER), *worker,
            "--scenario", scenario, "--out", str(tmp_path), "--hosts", str(tmp_path / "hosts")]
     status, out, _ = run(cmd, tmp_path)
     assert status == 0, out[-4000:]
@@ -59,9 +62,9 @@ def survivors(tmp_path: Path) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
 
 
-@FRAMEWORKS
-def test_a_worker_killed_mid_training_leaves_the_others_training_alike(tmp_path, framework):
-    out = elastic(tmp_path, framework, "kill", 3, "127.0.0.1:2\nlocalhost:1\n")
+@LOOPS
+def test_a_worker_killed_mid_training_leaves_the_others_training_alike(tmp_path, worker):
+    out = elastic(tmp_path, worker, "kill", 3, "127.0.0.1:2\nlocalhost:1\n")
     assert (tmp_path / "fault.done").exists()
     ends = survivors(tmp_path)
     assert [e["size"] for e in ends] == [2, 2], out[-3000:]
@@ -69,9 +72,9 @@ def test_a_worker_killed_mid_training_leaves_the_others_training_alike(tmp_path,
     assert "hvdsketch: the world changed (3 -> 2 ranks" in out
 
 
-@FRAMEWORKS
-def test_a_worker_added_mid_training_joins_and_trains_alike(tmp_path, framework):
-    out = elastic(tmp_path, framework, "add", 2, "127.0.0.1:2\n")
+@LOOPS
+def test_a_worker_added_mid_training_joins_and_trains_alike(tmp_path, worker):
+    out = elastic(tmp_path, worker, "add", 2, "127.0.0.1:2\n")
     ends = survivors(tmp_path)
     assert [e["size"] for e in ends] == [3, 3, 3], out[-3000:]
     assert len({e["digest"] for e in ends}) == 1
