@@ -3,7 +3,9 @@
 ``--framework torch``: hvdsketch's ``DistributedOptimizer`` in ``hvd.elastic.TorchState``;
 ``--framework tensorflow``: hvdsketch's ``DistributedGradientTape`` in an eager loop, in
 ``hvdsketch.tensorflow.elastic.TensorFlowKerasState`` under ``hvd.elastic.run``; with
-``--graph`` each step a ``tf.function``, under ``hvdsketch.tensorflow.elastic.run``.
+``--graph`` each step a ``tf.function``, under ``hvdsketch.tensorflow.elastic.run``; with
+``--fit`` each step a ``model.fit`` of one batch with hvdsketch's tf-keras ``DistributedOptimizer``,
+in ``hvdsketch.tensorflow.elastic.KerasState``.
 
 ``--scenario kill``: inside ``hvd.elastic.run``, the worker on host ``localhost`` (the
 discovery script's one-slot host) exits at step ``--at`` on its first launch (a marker
@@ -33,6 +35,7 @@ parser.add_argument("--hosts", type=Path, help="the discovery script's file (add
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--at", type=int, default=8)
 parser.add_argument("--graph", action="store_true", help="TensorFlow: each step a tf.function")
+parser.add_argument("--fit", action="store_true", help="TensorFlow: each step model.fit, the keras optimizer")
 args = parser.parse_args()
 COMPRESSION, MEMORY = "topk:ratio=0.2", "fp32"
 
@@ -85,7 +88,14 @@ def tensorflow_job() -> Job:
     model = tf.keras.Sequential([tf.keras.Input((16,)), tf.keras.layers.Dense(32, activation="relu"),
                                  tf.keras.layers.Dense(4)])
     optimizer = tf.keras.optimizers.SGD(0.05, momentum=0.9)
+    if args.fit:
+        optimizer = hvdsketch_tf.keras.DistributedOptimizer(optimizer, compression=COMPRESSION, memory=MEMORY)
+        model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     optimizer.build(model.trainable_variables)  # its variables exist for the state to keep
+    if args.fit:
+        return Job(hvd, lambda step: model.fit(*batch(hvd.rank(), step), batch_size=8, verbose=0),
+                   lambda: b"".join(v.numpy().tobytes() for v in model.trainable_variables),
+                   lambda: hvdsketch_tf.elastic.KerasState(model, step=0), hvdsketch_tf.elastic.run)
 
     def train_step(x, y) -> None:
         with tf.GradientTape() as tape:

@@ -24,9 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "elastic" / "worker.py"
 LIMIT = 150
 FRAMEWORKS = pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-#: The worker's options: each framework's loop, and TensorFlow's steps as tf.function.
+#: The worker's options: each framework's loop, TensorFlow's steps as tf.function, and model.fit.
 LOOPS = pytest.mark.parametrize("worker", [["--framework", "torch"], ["--framework", "tensorflow"],
-                                           ["--framework", "tensorflow", "--graph"]], ids=" ".join)
+                                           ["--framework", "tensorflow", "--graph"],
+                                           ["--framework", "tensorflow", "--fit"]], ids=" ".join)
 
 
 def run(cmd: list[str], cwd: Path, limit: float = LIMIT) -> tuple[int, str, float]:
