@@ -17,12 +17,17 @@ gradient bytes), so every framework's adapter uses them alike:
   (:meth:`Exchanger.check_in <hvdsketch.exchange.Exchanger.check_in>`): a rank
   that gathers alone meets the other ranks' next training step under the same
   collective name, and both raise, naming the fix.
+- :func:`alone`: where a save cannot be collective (TensorFlow's ``checkpoint.save``
+  on rank 0 alone, whose ``tf.train.Checkpoint`` serializes as it saves), the
+  checkpoint of this rank's step, policy decisions and memory plan, with
+  ``"ranks": None``: no per-rank state, and no communication.
 - :func:`resolve`: the checkpoint's entries for this world. Another number of
   ranks or another compression setup cannot resume the per-rank state exactly:
   a ``ValueError`` unless the caller opts in to a reset (``reset_on_change``),
   which starts every rank's residuals and compressors' state afresh, keeps the
   step (and, for another number of ranks only, rank 0's policy decisions and
-  memory plan), and warns on rank 0 (:class:`StateReset`).
+  memory plan), and warns on rank 0 (:class:`StateReset`). A checkpoint
+  :func:`alone` resumes so too, warned, in a world of any size.
 - :func:`broadcast`: the root's entries to every rank (load on rank 0, then
   broadcast).
 - :func:`join`: collective, where a world begins (the first step; Horovod
@@ -52,6 +57,8 @@ from hvdsketch.exchange.exchanger import Exchanger, without_residuals
 
 #: The version of the checkpoint layout above.
 FORMAT = 1
+#: How to save every rank's state where the save itself is not collective.
+ALONE = "call gather() on every rank, between steps, before rank 0 saves, to resume every rank exactly"
 
 
 class StateReset(UserWarning):
@@ -89,6 +96,13 @@ def gather(exchanger: Exchanger, ops: Any) -> dict[str, Any]:
             "ranks": allgather_objects(exchanger, exchanger.state_dict(), "checkpoint", ops)}
 
 
+def alone(exchanger: Exchanger) -> dict[str, Any]:
+    """The checkpoint of this rank alone (no collective): no per-rank state; see the module docstring."""
+    compression, memory = _setup(exchanger)
+    return {"format": FORMAT, "world": exchanger.communicator.size, "compression": compression, "memory": memory,
+            "ranks": None, "alone": afresh(exchanger.state_dict(), keep_setup=True)}
+
+
 def afresh(source: Mapping[str, Any], keep_setup: bool) -> dict[str, Any]:
     """A rank's state with ``source``'s step, and no residuals nor compressors' state; with
     ``keep_setup``, ``source``'s policy decisions and memory plans too (else this run's stay)."""
@@ -112,22 +126,25 @@ def resolve(checkpoint: Mapping[str, Any], exchanger: Exchanger, reset_on_change
                          "(one made by hvdsketch's DistributedOptimizer.state_dict(), called on every rank)")
     size = exchanger.communicator.size
     compression, memory = _setup(exchanger)
-    world_changed = checkpoint["world"] != size
+    gathered = checkpoint["ranks"] is not None
+    world_changed = gathered and checkpoint["world"] != size
     setup_changed = (checkpoint["compression"], checkpoint["memory"]) != (compression, memory)
-    if not world_changed and not setup_changed:
+    if gathered and not world_changed and not setup_changed:
         return [{**state, "world": size} for state in checkpoint["ranks"]]
     made = " and ".join(([f"{checkpoint['world']} ranks (this run has {size})"] if world_changed else []) +
                         ([f"compression {checkpoint['compression']!r} with memory {checkpoint['memory']!r} (this run: "
                           f"{compression!r} with {memory!r})"] if setup_changed else []))
-    if not reset_on_change:
+    if made and not reset_on_change:
         raise ValueError(f"hvdsketch: the checkpoint was made with {made}; its per-rank state (error-feedback "
                          f"residuals, compressors' state) cannot resume this run exactly. Resume it with the same "
                          f"number of ranks and the same compression, or pass reset_on_change=True to "
                          f"load_state_dict to start that state afresh on every rank (the step is kept)")
-    state = {**afresh(checkpoint["ranks"][0], keep_setup=not setup_changed), "world": size}
-    _warn(exchanger, f"hvdsketch: the checkpoint was made with {made}: every rank's error-feedback residuals "
-                     f"and compressors' state start afresh at step {state['step']}"
-                     + ("" if setup_changed else "; rank 0's policy decisions and memory plan are kept"))
+    source = checkpoint["ranks"][0] if gathered else checkpoint["alone"]
+    state = {**afresh(source, keep_setup=not setup_changed), "world": size}
+    why = f"was made with {made}" if made else f"was saved on one rank without every rank's state ({ALONE})"
+    _warn(exchanger, f"hvdsketch: the checkpoint {why}: every rank's error-feedback residuals and compressors' "
+                     f"state start afresh at step {state['step']}"
+                     + ("" if setup_changed else "; the checkpoint's policy decisions and memory plan are kept"))
     return [state] * size
 
 

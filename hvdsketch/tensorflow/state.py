@@ -25,10 +25,12 @@ and ``model.save_weights`` (TensorFlow format) carry it; under ``model.fit`` put
 :class:`hvdsketch.tensorflow.keras.GatherStateCallback` on every rank
 before rank 0's ``ModelCheckpoint``.
 
-A save whose state was not gathered at this step gathers it then: saving on every
-rank works too, and a save on rank 0 alone raises there and at the other ranks'
-next step (an :class:`~hvdsketch.exchange.AgreementError` naming the fix), never a
-hang. A checkpoint of another number of ranks or another compression setup is a
+A save whose state was not gathered at this step (Horovod's plain habit, ``if hvd.rank()
+== 0: checkpoint.save(...)``, or ``model.save`` on rank 0) cannot gather it then, since the
+other ranks are not saving: it saves the saving rank's step, policy decisions and memory
+plan without any rank's residuals, and warns; resuming from it starts every rank's
+residuals and compressors' state afresh alike (warned on rank 0), never one rank's
+residuals on every rank. A checkpoint of another number of ranks or another compression setup is a
 ``ValueError`` at restore (or at the first tape, for a tape not yet made), unless
 ``reset_on_change=True``, which starts every rank's residuals afresh, keeps the
 step and warns on rank 0. Restored on rank 0 alone, :meth:`ExchangeState.broadcast`
@@ -37,10 +39,12 @@ gives every rank its entry.
 from __future__ import annotations
 
 import pickle
+import warnings
 from typing import Any, Callable
 
 import tensorflow as tf
 
+from hvdsketch.exchange import checkpoint
 from hvdsketch.tensorflow.gradients import GradientExchange, on_new_tape, tape_exchanges
 
 #: The version of the saved value's layout: ``{"format": 1, "exchanges": [checkpoint, ...]}``.
@@ -70,9 +74,14 @@ class ExchangeState(tf.train.experimental.PythonState):
 
     def serialize(self) -> bytes:
         exchanges = self.exchanges()
-        if self._gathered is None or self._gathered[0] != [x.exchanger.step for x in exchanges]:
-            self.gather()
-        return pickle.dumps({"format": FORMAT, "exchanges": self._gathered[1]}, protocol=pickle.HIGHEST_PROTOCOL)
+        if self._gathered is not None and self._gathered[0] == [x.exchanger.step for x in exchanges]:
+            saved = self._gathered[1]
+        else:  # a save on this rank alone: no collective
+            saved = [checkpoint.alone(x.exchanger) for x in exchanges]
+            if exchanges:
+                warnings.warn(f"hvdsketch: this checkpoint carries no rank's error-feedback residuals or compressors' "
+                              f"state, which will start afresh when it is restored; {checkpoint.ALONE}", stacklevel=2)
+        return pickle.dumps({"format": FORMAT, "exchanges": saved}, protocol=pickle.HIGHEST_PROTOCOL)
 
     def deserialize(self, string_value: bytes) -> None:
         saved = pickle.loads(string_value)

@@ -155,14 +155,31 @@ def test_a_restore_on_rank_0_alone_fails_the_first_step_on_every_rank(hvd, folde
         resumed.train(hvd, STEPS, steps=1)
 
 
-def test_a_save_on_rank_0_alone_raises_on_every_rank_instead_of_hanging(hvd, folder):
+def assert_replicas_identical(hvd, net):
+    flat = tf.concat([tf.reshape(v, [-1]) for v in net.trainable_variables], 0)
+    gathered = hvd.allgather(flat[None], name="resume.replicas").numpy()
+    assert all(np.array_equal(gathered[0], row) for row in gathered)
+
+
+def test_a_save_on_rank_0_alone_resumes_with_every_ranks_residuals_afresh_and_says_so(hvd, folder):
+    """Horovod's plain habit, without ``gather()``: no collective (the others train on), rank 0
+    warns that no rank's residuals are in the file; every rank resumes from it alike, afresh."""
     run = Run(CASES[0]).train(hvd, 0, steps=2)
+    path = None
     if hvd.rank() == 0:
-        with pytest.raises(AgreementError, match=r"every rank, then save on rank 0"):
-            run.checkpoint.write(os.path.join(folder, "lonely"))
-    else:
-        with pytest.raises(AgreementError, match=r"gather a checkpoint while others train.*every rank"):
-            run.train(hvd, 2, steps=1)
+        with pytest.warns(UserWarning, match=r"no rank's error-feedback residuals.*call gather\(\) on every rank"):
+            path = run.checkpoint.save(os.path.join(folder, "lonely"))
+    run.train(hvd, 2, steps=1)  # meanwhile nobody waits for anybody
+    path = hvd.broadcast_object(path, 0, name="resume.lonely")
+    resumed = Run(CASES[0])
+    resumed.checkpoint.restore(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed.train(hvd, 2, steps=2)
+    resets = [str(w.message) for w in caught if issubclass(w.category, StateReset)]
+    assert len(resets) == (hvd.rank() == 0)
+    assert all("saved on one rank without every rank's state" in m and "afresh at step 2" in m for m in resets)
+    assert_replicas_identical(hvd, resumed.model)
 
 
 def other_world(blob: bytes, size: int) -> bytes:
@@ -191,9 +208,7 @@ def test_a_checkpoint_of_another_world_size_is_a_clear_error_or_an_opted_in_logg
     resets = [w for w in caught if issubclass(w.category, StateReset)]
     assert len(resets) == (hvd.rank() == 0)
     assert all(f"start afresh at step {STEPS}" in str(w.message) for w in resets)
-    flat = tf.concat([tf.reshape(v, [-1]) for v in reset.model.trainable_variables], 0)
-    gathered = hvd.allgather(flat[None], name="resume.replicas").numpy()
-    assert all(np.array_equal(gathered[0], row) for row in gathered)
+    assert_replicas_identical(hvd, reset.model)
 
 
 def test_a_checkpoint_of_another_method_is_a_clear_error(hvd, folder):
@@ -234,3 +249,19 @@ def test_model_fit_resumes_every_rank_from_rank_0s_model_checkpoint(hvd, folder,
     first = os.path.join(where, "weights-1")
     assert len(pickle.loads(saved_blob(first))["exchanges"][0]["ranks"]) == hvd.size()
     assert same(weights, fit(hvd, case, epochs=1, restore=first))
+
+
+def test_model_save_on_rank_0_alone_saves_without_waiting_for_the_others(hvd, folder):
+    """``if hvd.rank() == 0: model.save(path)`` (a SavedModel, with the optimizer) neither hangs
+    nor fails: the file says it holds no rank's residuals."""
+    net = model()
+    net.compile(optimizer=hvdsketch_tf.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.2),
+                                                                  compression="topk:ratio=0.05", memory="fp32"),
+                loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = batch(hvd.rank(), 0)
+    net.fit(x, y, batch_size=8, verbose=0)
+    if hvd.rank() == 0:
+        with pytest.warns(UserWarning, match="no rank's error-feedback residuals"):
+            net.save(os.path.join(folder, "savedmodel"))
+    net.fit(x, y, batch_size=8, verbose=0)
+    assert_replicas_identical(hvd, net)
