@@ -8,8 +8,6 @@ rank 0's state alone would do) makes the continuation differ, so the tests can f
 """
 import os
 import pickle
-import shutil
-import tempfile
 import warnings
 
 import numpy as np
@@ -20,6 +18,7 @@ import hvdsketch.tensorflow as hvdsketch_tf
 from hvdsketch.exchange import AgreementError
 from hvdsketch.exchange.checkpoint import StateReset
 from hvdsketch.tensorflow import gradients
+from tests.shared_folder import shared_folder
 
 #: (compression, memory): residual stores, methods with state of their own, the sketch, auto.
 CASES = [("topk:ratio=0.05", "fp32"), ("topk:ratio=0.05", "fp16"), ("topk:ratio=0.05", "topk:ratio=0.2"),
@@ -32,13 +31,7 @@ VOCAB = 3000
 
 @pytest.fixture(scope="module")
 def folder(hvd):
-    """A folder every rank sees: made on rank 0, its path broadcast."""
-    path = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdsketch-tf-resume-") if hvd.rank() == 0 else None, 0,
-                               name="resume.folder")
-    yield path
-    hvd.broadcast_object(None, 0, name="resume.done")  # every rank is done with it
-    if hvd.rank() == 0:
-        shutil.rmtree(path)
+    yield from shared_folder(hvd, "hvdsketch-tf-resume-")
 
 
 def model() -> tf.keras.Model:

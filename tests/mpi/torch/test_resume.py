@@ -9,8 +9,6 @@ rank 0's state alone would do) makes it differ, so the tests can fail.
 """
 import copy
 import os
-import shutil
-import tempfile
 import warnings
 
 import numpy as np
@@ -21,6 +19,7 @@ import hvdsketch.torch as hvdsketch_torch
 from hvdsketch.exchange import AgreementError
 from hvdsketch.exchange.checkpoint import StateReset
 from hvdsketch.torch import DistributedOptimizer
+from tests.shared_folder import shared_folder
 
 #: (compression, memory): residual stores, methods with state of their own, the sketch, auto.
 CASES = [("topk:ratio=0.05", "fp32"), ("topk:ratio=0.05", "fp16"), ("topk:ratio=0.05", "topk:ratio=0.2"),
@@ -32,13 +31,7 @@ STEPS = 5
 
 @pytest.fixture(scope="module")
 def folder(hvd):
-    """A folder every rank sees: made on rank 0, its path broadcast."""
-    path = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdsketch-resume-") if hvd.rank() == 0 else None, 0,
-                               name="resume.folder")
-    yield path
-    hvd.barrier()
-    if hvd.rank() == 0:
-        shutil.rmtree(path)
+    yield from shared_folder(hvd, "hvdsketch-resume-")
 
 
 def make(compression, memory, tag=""):
