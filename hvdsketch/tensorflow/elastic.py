@@ -41,7 +41,6 @@ import tensorflow as tf
 from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 from horovod.tensorflow import elastic as _horovod
-from horovod.tensorflow.keras import elastic as _horovod_keras
 
 from hvdsketch.collectives.horovod import horovod_failed
 from hvdsketch.tensorflow.gradients import GradientExchange, tape_exchanges
@@ -99,5 +98,10 @@ class TensorFlowKerasState(_WithExchanges, _horovod.TensorFlowKerasState):
     """``horovod.tensorflow.elastic.TensorFlowKerasState`` with hvdsketch's per-rank state (see the module docstring)."""
 
 
-class KerasState(_WithExchanges, _horovod_keras.KerasState):
-    """``horovod.tensorflow.keras.elastic.KerasState`` with hvdsketch's per-rank state (see the module docstring)."""
+class KerasState(TensorFlowKerasState):
+    """``horovod.tensorflow.keras.elastic.KerasState`` with hvdsketch's per-rank state (see the module
+    docstring): as Horovod's, the state above with tf-keras's backend (importing Horovod's would load
+    ``horovod.tensorflow.keras`` and its plotting dependencies with the plugin)."""
+
+    def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        super().__init__(model, optimizer=optimizer, backend=tf.keras.backend, **kwargs)

@@ -155,7 +155,7 @@ _probed: dict[tuple[str, int], dict] = {}
 
 
 def probe(links: str, ranks: int) -> dict:
-    """tests/cluster_probe.py's figures at RATE: 5 MB, median of 3 (about 3 to 7 s a run)."""
+    """tests/cluster_probe.py's figures at RATE: 5 MB, 3 repeats (about 3 to 7 s a run)."""
     if (links, ranks) not in _probed:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PMIX_", "ORTE_", "OMPI_COMM_WORLD_"))}
         done = cluster("--links", links, "--rate", RATE, "-np", str(ranks), "--", "python",
