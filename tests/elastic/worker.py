@@ -13,7 +13,8 @@ file says it did); the others go on. ``--scenario add``: rank 0 adds host ``loca
 to the discovery file at step ``--at``; training goes on until the new worker has
 joined. ``--scenario die``: no elastic (plain ``mpirun``/``horovodrun``); rank 1 kills
 itself at step ``--at``. At the end every rank writes ``rank{r}.json`` into ``--out``:
-the world's size, the step and a digest of its parameters.
+the world's size, the step, a digest of its parameters and the ``StateReset`` warnings it
+gave (read there, not in horovodrun's output, whose ranks' lines may interleave).
 """
 import argparse
 import hashlib
@@ -21,6 +22,7 @@ import json
 import os
 import signal
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +40,21 @@ parser.add_argument("--graph", action="store_true", help="TensorFlow: each step 
 parser.add_argument("--fit", action="store_true", help="TensorFlow: each step model.fit, the keras optimizer")
 args = parser.parse_args()
 COMPRESSION, MEMORY = "topk:ratio=0.2", "fp32"
+resets: list[str] = []  # the StateReset warnings this rank gave
+
+
+def keep_resets() -> None:
+    from hvdsketch.exchange.checkpoint import StateReset
+
+    show = warnings.showwarning
+
+    def showwarning(message, category, *args, **kwargs) -> None:
+        if issubclass(category, StateReset):
+            resets.append(str(message))
+        show(message, category, *args, **kwargs)
+
+    warnings.simplefilter("always", StateReset)
+    warnings.showwarning = showwarning
 
 
 @dataclass
@@ -113,6 +130,7 @@ def tensorflow_job() -> Job:
 
 job = torch_job() if args.framework == "torch" else tensorflow_job()
 hvd = job.hvd
+keep_resets()
 
 
 def fault(step: int) -> None:
@@ -149,7 +167,7 @@ def train(state) -> None:
 def report(step: int) -> None:
     digest = hashlib.sha256(job.parameters()).hexdigest()
     (args.out / f"rank{hvd.rank()}.json").write_text(json.dumps({"size": hvd.size(), "step": step,
-                                                                 "digest": digest}))
+                                                                 "digest": digest, "resets": resets}))
 
 
 if args.scenario == "die":
