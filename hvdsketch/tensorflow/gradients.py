@@ -113,7 +113,7 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
     return exchange
 
 
-def elastic() -> bool:
+def in_elastic_job() -> bool:
     """Whether this process is a worker of a Horovod elastic job (Horovod's own test)."""
     return bool(int(os.environ.get("HOROVOD_ELASTIC", 0)))
 
@@ -184,7 +184,7 @@ class GradientExchange:
         warm start and residuals, EF-SignSGD, DGC), the sketch sized anew every step; and under
         Horovod elastic every exchange, since a graph would keep the world size it was traced in."""
         exchanger = self.exchanger
-        return elastic() or exchanger.memory is not None or any(
+        return in_elastic_job() or exchanger.memory is not None or any(
             c.feedback or (isinstance(c, SparseSketch) and not c.sized_in_advance)
             for c in exchanger.policy.compressors().values())
 
@@ -219,7 +219,7 @@ class GradientExchange:
         if exchanger.verified and exchanger.world == exchanger.communicator.size and not self.rejoin:
             return
         with tf.init_scope():
-            checkpoint.join(exchanger, tensors, tf_ops, elastic=self.rejoin or exchanger.verified or elastic())
+            checkpoint.join(exchanger, tensors, tf_ops, elastic=self.rejoin or exchanger.verified or in_elastic_job())
         self.rejoin = False
 
     # -- checkpoints (hvdsketch.tensorflow.state) and Horovod elastic (hvdsketch.tensorflow.elastic) --
