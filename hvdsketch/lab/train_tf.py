@@ -33,8 +33,7 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
     if config.collectives != "horovod":
         raise SpecError("collectives: mpi trains PyTorch workloads only (hvdsketch.torch.DistributedOptimizer)")
     eager = config.memory is not None
-    tapes: list[Any] = []  # hvdsketch's path: the tapes made, and the bytes each tape's exchange sent
-    sent: list[int] = []  # (one step's per trace; each step's when eager)
+    tapes: list[Any] = []  # hvdsketch's path: the tapes made (one a step eagerly, one a trace in a function)
     if config.path == "horovod":
         from hvdsketch.tensorflow import Compression
 
@@ -65,15 +64,16 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
 
         def gradients(tape, loss):
             tapes.append(DistributedGradientTape(tape, compression=compression, memory=memory))
-            stats = tapes[-1]._exchanger.communicator.stats
-            before = stats.bytes_sent
-            grads = tapes[-1].gradient(loss, model.trainable_variables)
-            sent.append(stats.bytes_sent - before)  # counted when traced, or each eager step
-            return grads
+            return tapes[-1].gradient(loss, model.trainable_variables)
 
         def report() -> tuple[int, int]:
             dense = sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables)
-            return sum(sent) if eager else sent[-1] * done, ring_allreduce_bytes(dense, size) * done
+            exchange = tapes[-1]._exchange  # every tape of one setup shares it, and its byte counts
+            total = exchange.exchanger.communicator.stats.bytes_sent
+            # counted at every step where the exchange runs in Python (eagerly, or as a Python op in
+            # the function), else once per trace of the graph that then runs every step
+            each_step = eager or exchange.keeps_python_state()
+            return total if each_step else total / len(tapes) * done, ring_allreduce_bytes(dense, size) * done
 
     def train_step(inputs, targets):
         with tf.GradientTape() as tape:
