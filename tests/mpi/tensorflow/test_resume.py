@@ -214,8 +214,8 @@ def test_a_checkpoint_of_another_method_is_a_clear_error(hvd, folder):
 
 # -- the tf-keras optimizer under model.fit: GatherStateCallback ahead of rank 0's ModelCheckpoint ------------
 
-def fit(hvd, case, epochs, folder=None, restore=None):
-    """``epochs`` epochs of the same batches (rank 0 saving at each epoch's end into ``folder``),
+def fit(hvd, case, epochs, folder=None, restore=None, save_freq="epoch"):
+    """``epochs`` epochs of the same 6 batches (rank 0 saving into ``folder`` every ``save_freq``),
     from the checkpoint ``restore`` if given: the weights at the end."""
     net = model()
     net.compile(optimizer=hvdsketch_tf.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.2, momentum=0.9),
@@ -225,10 +225,10 @@ def fit(hvd, case, epochs, folder=None, restore=None):
         net.load_weights(restore)
     rng = np.random.default_rng(7 + hvd.rank())
     x, y = rng.integers(0, VOCAB, size=(48, 6)), rng.integers(0, 4, size=48)
-    callbacks = [hvdsketch_tf.keras.GatherStateCallback()]
+    callbacks = [hvdsketch_tf.keras.GatherStateCallback(save_freq)]
     if folder and hvd.rank() == 0:
         callbacks.append(tf.keras.callbacks.ModelCheckpoint(os.path.join(folder, "weights-{epoch}"),
-                                                            save_weights_only=True))
+                                                            save_weights_only=True, save_freq=save_freq))
     net.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
     hvd.broadcast_object(None, 0, name="resume.fitted")  # rank 0's files are written
     return [v.numpy() for v in net.trainable_variables]
@@ -258,3 +258,13 @@ def test_model_save_on_rank_0_alone_saves_without_waiting_for_the_others(hvd, fo
             net.save(os.path.join(folder, "savedmodel"))
     net.fit(x, y, batch_size=8, verbose=0)
     assert_replicas_identical(hvd, net)
+
+
+def test_gather_state_callback_gathers_at_the_batches_model_checkpoint_saves_at(hvd, folder):
+    """``save_freq=4`` in an epoch of 6 batches: ModelCheckpoint saves after batch 4 alone; the
+    file holds every rank's state only if the callback gathered right there."""
+    where = os.path.join(folder, "keras-batches")
+    fit(hvd, ("topk:ratio=0.05", "fp32"), epochs=1, folder=where, save_freq=4)
+    (entry,) = pickle.loads(saved_blob(os.path.join(where, "weights-1")))["exchanges"]
+    assert entry["ranks"] is not None and len(entry["ranks"]) == hvd.size()
+    assert {state["step"] for state in entry["ranks"]} == {4}
