@@ -52,9 +52,11 @@ HOROVOD_FAILURE = re.compile(r"Horovod(Grouped)?(Allreduce|Allgather|Broadcast)|
 
 
 def horovod_failed(error: BaseException) -> bool:
-    """Whether ``error`` is TensorFlow's error of a failed Horovod collective: it is Horovod's
-    ``HorovodInternalError`` there, which Horovod elastic recovers from (its TensorFlow ``run`` tells
-    only the ungrouped collectives' errors)."""
+    """Whether ``error`` is TensorFlow's error of a failed Horovod collective (a rank left): it is
+    raised as Horovod's ``HorovodInternalError``, which Horovod elastic recovers from. Its text
+    names ``HorovodAllreduce``: inside ``tf.function`` it reaches Horovod 0.28.1's TensorFlow
+    ``hvd.elastic.run`` as an ``UnknownError`` with that text, and that ``run`` recovers only where
+    the text names an ungrouped collective (for any other it returns as if training had ended)."""
     return type(error).__name__ == "UnknownError" and bool(HOROVOD_FAILURE.search(str(error)))
 
 
@@ -110,7 +112,8 @@ class HorovodCommunicator:
             if horovod_failed(error):
                 from horovod.common.exceptions import HorovodInternalError
 
-                raise HorovodInternalError(error) from error
+                raise HorovodInternalError(f"hvdsketch: a Horovod collective failed (HorovodAllreduce / "
+                                           f"HorovodAllgather of {name!r}): {error}") from error
             raise
 
     def collect(self, messages: Sequence[Message], started: list[tuple[str, list[int], Any]]) -> list[Any]:

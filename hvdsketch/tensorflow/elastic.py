@@ -1,18 +1,15 @@
 """Horovod elastic with hvdsketch in TensorFlow: Horovod's state objects, with hvdsketch's state in them.
 
-Use them where Horovod's are used::
+Use them where Horovod's are used, with ``hvd.elastic.run`` as it is::
 
     state = hvdsketch.tensorflow.elastic.TensorFlowKerasState(model, optimizer, batch=0)
     # model.fit: hvdsketch.tensorflow.elastic.KerasState(model, batch=0, epoch=0)
 
-    @hvdsketch.tensorflow.elastic.run      # or hvd.elastic.run, where every step runs eagerly
-    def train(state): ...
-
-Horovod 0.28.1's TensorFlow ``hvd.elastic.run`` recovers from a failed collective only where
-TensorFlow's error names an ungrouped one (``HorovodAllreduce``); any other error it catches as
-``UnknownError`` it swallows, and ``train`` returns as if done. hvdsketch's eager collectives raise
-Horovod's ``HorovodInternalError`` themselves, which it handles; inside ``tf.function`` the error
-comes from the graph, so use :func:`run`, which also tells the grouped ones and re-raises the rest.
+(A failed collective of hvdsketch raises Horovod's ``HorovodInternalError``, whose text names
+``HorovodAllreduce``: Horovod 0.28.1's TensorFlow ``hvd.elastic.run`` recovers only from an
+``UnknownError`` whose text does, as an error inside ``tf.function`` reaches it, and returns from
+``train`` as if it had finished for any other, a grouped collective's included;
+:mod:`hvdsketch.collectives.horovod`.)
 
 Besides the model's and optimizer's variables (Horovod's), they keep hvdsketch's
 per-rank state of the exchanges in use (a tf-keras ``DistributedOptimizer``'s own,
@@ -34,31 +31,12 @@ a traced exchange would keep the world size it was traced in.
 """
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any
 
 import tensorflow as tf
-from horovod.common.elastic import run_fn
-from horovod.common.exceptions import HorovodInternalError
 from horovod.tensorflow import elastic as _horovod
 
-from hvdsketch.collectives.horovod import horovod_failed
 from hvdsketch.tensorflow.gradients import GradientExchange, tape_exchanges
-
-
-def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Horovod's ``hvd.elastic.run`` decorator, recovering from every failed Horovod collective
-    (grouped ones too) and re-raising any other error (see the module docstring)."""
-    @functools.wraps(func)
-    def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(state, *args, **kwargs)
-        except tf.errors.UnknownError as error:
-            if horovod_failed(error):
-                raise HorovodInternalError(error) from error
-            raise
-
-    return run_fn(wrapper, _horovod._reset)
 
 
 class _WithExchanges:

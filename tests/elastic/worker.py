@@ -2,10 +2,10 @@
 
 ``--framework torch``: hvdsketch's ``DistributedOptimizer`` in ``hvd.elastic.TorchState``;
 ``--framework tensorflow``: hvdsketch's ``DistributedGradientTape`` in an eager loop, in
-``hvdsketch.tensorflow.elastic.TensorFlowKerasState`` under ``hvd.elastic.run``; with
-``--graph`` each step a ``tf.function``, under ``hvdsketch.tensorflow.elastic.run``; with
-``--fit`` each step a ``model.fit`` of one batch with hvdsketch's tf-keras ``DistributedOptimizer``,
-in ``hvdsketch.tensorflow.elastic.KerasState``.
+``hvdsketch.tensorflow.elastic.TensorFlowKerasState``; with ``--graph`` each step a
+``tf.function``; with ``--fit`` each step a ``model.fit`` of one batch with hvdsketch's tf-keras
+``DistributedOptimizer``, in ``hvdsketch.tensorflow.elastic.KerasState``. Always under Horovod's
+own ``hvd.elastic.run``.
 
 ``--scenario kill``: inside ``hvd.elastic.run``, the worker on host ``localhost`` (the
 discovery script's one-slot host) exits at step ``--at`` on its first launch (a marker
@@ -63,7 +63,6 @@ class Job:
     one_step: Callable[[int], None]
     parameters: Callable[[], bytes]
     new_state: Callable[[], Any]
-    run: Callable[[Callable], Callable]  # the elastic decorator
 
 
 def batch(rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,7 +89,7 @@ def torch_job() -> Job:
         optimizer.step()
 
     return Job(hvd, one_step, lambda: b"".join(p.detach().numpy().tobytes() for p in model.parameters()),
-               lambda: hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0), hvd.elastic.run)
+               lambda: hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0))
 
 
 def tensorflow_job() -> Job:
@@ -112,7 +111,7 @@ def tensorflow_job() -> Job:
     if args.fit:
         return Job(hvd, lambda step: model.fit(*batch(hvd.rank(), step), batch_size=8, verbose=0),
                    lambda: b"".join(v.numpy().tobytes() for v in model.trainable_variables),
-                   lambda: hvdsketch_tf.elastic.KerasState(model, step=0), hvdsketch_tf.elastic.run)
+                   lambda: hvdsketch_tf.elastic.KerasState(model, step=0))
 
     def train_step(x, y) -> None:
         with tf.GradientTape() as tape:
@@ -124,8 +123,7 @@ def tensorflow_job() -> Job:
     compiled = tf.function(train_step) if args.graph else train_step
     return Job(hvd, lambda step: compiled(*batch(hvd.rank(), step)),
                lambda: b"".join(v.numpy().tobytes() for v in model.trainable_variables),
-               lambda: hvdsketch_tf.elastic.TensorFlowKerasState(model, optimizer, step=0),
-               hvdsketch_tf.elastic.run if args.graph else hvd.elastic.run)
+               lambda: hvdsketch_tf.elastic.TensorFlowKerasState(model, optimizer, step=0))
 
 
 job = torch_job() if args.framework == "torch" else tensorflow_job()
@@ -154,7 +152,7 @@ def going_on(state) -> bool:
     return args.scenario == "add" and hvd.size() < 3 and state.step < 50 * args.steps
 
 
-@job.run
+@hvd.elastic.run
 def train(state) -> None:
     while going_on(state):
         fault(state.step)
