@@ -4,8 +4,9 @@
 ``--framework tensorflow``: hvdsketch's ``DistributedGradientTape`` in an eager loop, in
 ``hvdsketch.tensorflow.elastic.TensorFlowKerasState``; with ``--graph`` each step a
 ``tf.function``; with ``--fit`` each step a ``model.fit`` of one batch with hvdsketch's tf-keras
-``DistributedOptimizer``, in ``hvdsketch.tensorflow.elastic.KerasState``. Always under Horovod's
-own ``hvd.elastic.run``.
+``DistributedOptimizer``, in ``hvdsketch.tensorflow.elastic.KerasState``; with ``--horovod-state``
+in Horovod's own ``TensorFlowKerasState`` (a script whose one changed line is the tape). Always
+under Horovod's own ``hvd.elastic.run``.
 
 ``--scenario kill``: inside ``hvd.elastic.run``, the worker on host ``localhost`` (the
 discovery script's one-slot host) exits at step ``--at`` on its first launch (a marker
@@ -38,6 +39,7 @@ parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--at", type=int, default=8)
 parser.add_argument("--graph", action="store_true", help="TensorFlow: each step a tf.function")
 parser.add_argument("--fit", action="store_true", help="TensorFlow: each step model.fit, the keras optimizer")
+parser.add_argument("--horovod-state", action="store_true", help="TensorFlow: Horovod's TensorFlowKerasState")
 args = parser.parse_args()
 COMPRESSION, MEMORY = "topk:ratio=0.2", "fp32"
 resets: list[str] = []  # the StateReset warnings this rank gave
@@ -123,7 +125,8 @@ def tensorflow_job() -> Job:
     compiled = tf.function(train_step) if args.graph else train_step
     return Job(hvd, lambda step: compiled(*batch(hvd.rank(), step)),
                lambda: b"".join(v.numpy().tobytes() for v in model.trainable_variables),
-               lambda: hvdsketch_tf.elastic.TensorFlowKerasState(model, optimizer, step=0))
+               lambda: (hvd.elastic if args.horovod_state else hvdsketch_tf.elastic).TensorFlowKerasState(
+                   model, optimizer, step=0))
 
 
 job = torch_job() if args.framework == "torch" else tensorflow_job()

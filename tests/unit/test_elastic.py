@@ -25,9 +25,10 @@ WORKER = ROOT / "tests" / "elastic" / "worker.py"
 LIMIT = 150
 FRAMEWORKS = pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 #: The worker's options: each framework's loop, TensorFlow's steps as tf.function, and model.fit.
-LOOPS = pytest.mark.parametrize("worker", [["--framework", "torch"], ["--framework", "tensorflow"],
-                                           ["--framework", "tensorflow", "--graph"],
-                                           ["--framework", "tensorflow", "--fit"]], ids=" ".join)
+WORKERS = [["--framework", "torch"], ["--framework", "tensorflow"], ["--framework", "tensorflow", "--graph"],
+           ["--framework", "tensorflow", "--fit"]]
+#: A TensorFlow script whose one changed line is the tape: Horovod's own state object.
+HOROVODS_STATE = ["--framework", "tensorflow", "--horovod-state"]
 
 
 def run(cmd: list[str], cwd: Path, limit: float = LIMIT) -> tuple[int, str, float]:
@@ -68,7 +69,7 @@ def resets(ends: list[dict], text: str) -> list[int]:
     return [rank for rank, end in enumerate(ends) if any(text in message for message in end["resets"])]
 
 
-@LOOPS
+@pytest.mark.parametrize("worker", WORKERS + [HOROVODS_STATE], ids=" ".join)
 def test_a_worker_killed_mid_training_leaves_the_others_training_alike(tmp_path, worker):
     out = elastic(tmp_path, worker, "kill", 3, "127.0.0.1:2\nlocalhost:1\n")
     assert (tmp_path / "fault.done").exists()
@@ -78,7 +79,7 @@ def test_a_worker_killed_mid_training_leaves_the_others_training_alike(tmp_path,
     assert resets(ends, "hvdsketch: the world changed (3 -> 2 ranks") == [0], out[-3000:]
 
 
-@LOOPS
+@pytest.mark.parametrize("worker", WORKERS, ids=" ".join)
 def test_a_worker_added_mid_training_joins_and_trains_alike(tmp_path, worker):
     out = elastic(tmp_path, worker, "add", 2, "127.0.0.1:2\n")
     ends = survivors(tmp_path)
