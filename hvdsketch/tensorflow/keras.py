@@ -188,8 +188,11 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     config = optimizer.get_config()
     if name:
         config["name"] = name
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {
-        key: value for key, value in _DistributedOptimizer.__dict__.items() if key not in ("__dict__", "__weakref__")})
+    methods = {key: value for key, value in _DistributedOptimizer.__dict__.items()
+               if key not in ("__dict__", "__weakref__")}
+    # named and placed as the wrapped class, so that Keras saves it as that class (a saved model
+    # loads without hvdsketch, in the .keras format too)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {**methods, "__module__": optimizer.__class__.__module__})
     wrapped = cls.from_config(config)
     exchange = gradient_exchange(hvd, compression, memory, reduction, sparse_as_dense, gradient_predivide_factor,
                                  process_set, device_dense, device_sparse, shared=False)

@@ -245,8 +245,9 @@ def test_model_fit_resumes_every_rank_from_rank_0s_model_checkpoint(hvd, folder,
 
 
 def test_model_save_on_rank_0_alone_saves_without_waiting_for_the_others(hvd, folder):
-    """``if hvd.rank() == 0: model.save(path)`` (a SavedModel, with the optimizer) neither hangs
-    nor fails: the file says it holds no rank's residuals."""
+    """``if hvd.rank() == 0: model.save(path)`` (a SavedModel or a .keras file, with the optimizer)
+    neither hangs nor fails: the SavedModel says it holds no rank's residuals, and both load
+    without hvdsketch, the optimizer the wrapped one's own class."""
     net = model()
     net.compile(optimizer=hvdsketch_tf.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.2),
                                                                   compression="topk:ratio=0.05", memory="fp32"),
@@ -256,6 +257,9 @@ def test_model_save_on_rank_0_alone_saves_without_waiting_for_the_others(hvd, fo
     if hvd.rank() == 0:
         with pytest.warns(UserWarning, match="no rank's error-feedback residuals"):
             net.save(os.path.join(folder, "savedmodel"))
+        net.save(os.path.join(folder, "model.keras"))
+        for name in ("savedmodel", "model.keras"):
+            assert type(tf.keras.models.load_model(os.path.join(folder, name)).optimizer) is tf.keras.optimizers.SGD
     net.fit(x, y, batch_size=8, verbose=0)
     assert_replicas_identical(hvd, net)
 
