@@ -44,9 +44,10 @@ gradient bytes), so every framework's adapter uses them alike:
 """
 from __future__ import annotations
 
+import os
 import pickle
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -155,6 +156,22 @@ def broadcast(exchanger: Exchanger, states: Sequence[Mapping[str, Any]] | None, 
     rank = exchanger.communicator.rank
     chosen = allgather_objects(exchanger, states if rank == root else None, "broadcast", ops)[root]
     return None if chosen is None else chosen[rank]
+
+
+def in_elastic_job() -> bool:
+    """Whether this process is a worker of a Horovod elastic job (Horovod's own test)."""
+    return bool(int(os.environ.get("HOROVOD_ELASTIC", 0)))
+
+
+def begin(exchanger: Exchanger, tensors: Callable[[], Sequence[tuple[str, tuple[int, ...]]]], ops: Any,
+          rejoin: bool = False) -> None:
+    """:func:`join` where a world begins: the exchanger's first step, its first in a world of
+    another size, or where the adapter says so (``rejoin``: Horovod elastic's sync). ``tensors()``
+    (the adapter's names and shapes) is asked for only then. Ranks that disagree reset alike where
+    a world changes under Horovod elastic (an exchanger that has run, a sync, a worker of an
+    elastic job), else raise."""
+    if rejoin or not exchanger.verified or exchanger.world != exchanger.communicator.size:
+        join(exchanger, tensors(), ops, elastic=rejoin or exchanger.verified or in_elastic_job())
 
 
 def join(exchanger: Exchanger, tensors: Sequence[tuple[str, tuple[int, ...]]], ops: Any,

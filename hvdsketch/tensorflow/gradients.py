@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
@@ -113,11 +112,6 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
     return exchange
 
 
-def in_elastic_job() -> bool:
-    """Whether this process is a worker of a Horovod elastic job (Horovod's own test)."""
-    return bool(int(os.environ.get("HOROVOD_ELASTIC", 0)))
-
-
 def tape_exchanges() -> list["GradientExchange"]:
     """The exchanges of this process's tapes (:class:`DistributedGradientTape`), in the order they were made."""
     return list(_exchanges.values())
@@ -158,7 +152,9 @@ class GradientExchange:
         names = _names(sources, generic_names)
         shapes = [tuple(int(d) for d in s.shape) for s in sources]
         shared = [i for i, s in enumerate(sources) if s.ref() not in local]
-        self._join([(names[i], shapes[i]) for i in shared])
+        with tf.init_scope():  # where a world begins: every rank agrees, eagerly (hvdsketch.exchange.checkpoint)
+            checkpoint.begin(exchanger, lambda: [(names[i], shapes[i]) for i in shared], tf_ops, rejoin=self.rejoin)
+        self.rejoin = False
         present = [i for i in shared if grads[i] is not None]
         inputs = {names[i]: _as_hvdsketch(grads[i]) for i in present}
         self._decide_if_traced(inputs, shapes, present)
@@ -184,7 +180,7 @@ class GradientExchange:
         warm start and residuals, EF-SignSGD, DGC), the sketch sized anew every step; and under
         Horovod elastic every exchange, since a graph would keep the world size it was traced in."""
         exchanger = self.exchanger
-        return in_elastic_job() or exchanger.memory is not None or any(
+        return checkpoint.in_elastic_job() or exchanger.memory is not None or any(
             c.feedback or (isinstance(c, SparseSketch) and not c.sized_in_advance)
             for c in exchanger.policy.compressors().values())
 
@@ -209,18 +205,6 @@ class GradientExchange:
             out.set_shape(sources[i].shape)
             grads[i] = out
         return grads
-
-    def _join(self, tensors: list[tuple[str, tuple[int, ...]]]) -> None:
-        """Where a world begins (the first exchange; the first after Horovod elastic's sync, or in a
-        world of another size): every rank checks that it agrees with the others
-        (:func:`hvdsketch.exchange.checkpoint.join`); under Horovod elastic a world that changed
-        starts every rank's per-rank state afresh alike."""
-        exchanger = self.exchanger
-        if exchanger.verified and exchanger.world == exchanger.communicator.size and not self.rejoin:
-            return
-        with tf.init_scope():
-            checkpoint.join(exchanger, tensors, tf_ops, elastic=self.rejoin or exchanger.verified or in_elastic_job())
-        self.rejoin = False
 
     # -- checkpoints (hvdsketch.tensorflow.state) and Horovod elastic (hvdsketch.tensorflow.elastic) --
 

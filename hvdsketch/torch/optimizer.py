@@ -114,11 +114,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _join(self, elastic: bool = False) -> None:
         """Where a world begins (the first step; the first after Horovod elastic changed the number
         of ranks; elastic's sync, ``elastic=True``), check with every rank that they agree
-        (:func:`hvdsketch.exchange.checkpoint.join`)."""
-        exchanger = self._exchanger
-        if elastic or not exchanger.verified or exchanger.world != exchanger.communicator.size:
-            checkpoint.join(exchanger, [(n, tuple(p.shape)) for p, n in self._names.items()], torch_ops,
-                            elastic=elastic or exchanger.verified)
+        (:func:`hvdsketch.exchange.checkpoint.begin`)."""
+        checkpoint.begin(self._exchanger, lambda: [(n, tuple(p.shape)) for p, n in self._names.items()], torch_ops,
+                         rejoin=elastic)
 
     def synchronize(self) -> None:
         """Wait for every gradient's exchange and put the averages in ``.grad``; called by :meth:`step`.
