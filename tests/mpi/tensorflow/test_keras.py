@@ -33,12 +33,6 @@ def fit(hvd, optimizer, epochs=5, run_eagerly=False):
     return net, history.history["loss"]
 
 
-def assert_replicas_identical(hvd, net):
-    flat = tf.concat([tf.reshape(v, [-1]) for v in net.trainable_variables], 0)
-    gathered = hvd.allgather(flat[None, :], name="keras.replicas").numpy()
-    assert all(np.array_equal(gathered[0], row) for row in gathered)
-
-
 @pytest.mark.parametrize("compression, run_eagerly", [
     ("powersgd:rank=2", True),
     ("powersgd:rank=2", False),  # inside tf.function: its state advances in a Python op every step
@@ -47,11 +41,11 @@ def assert_replicas_identical(hvd, net):
     ("efsignsgd", False),
     ("topk:ratio=0.1", False),
 ])
-def test_model_fit_trains_and_keeps_replicas_identical(hvd, compression, run_eagerly):
+def test_model_fit_trains_and_keeps_replicas_identical(hvd, compression, run_eagerly, assert_replicas_identical):
     optimizer = hvdsketch_keras.DistributedOptimizer(tf.keras.optimizers.SGD(1.0), compression=compression)
     net, losses = fit(hvd, optimizer, run_eagerly=run_eagerly)
     assert losses[-1] < 0.95 * losses[0]  # it trains
-    assert_replicas_identical(hvd, net)
+    assert_replicas_identical(net, "keras.replicas")
     assert type(optimizer).__name__ == "SGD" and isinstance(optimizer, tf.keras.optimizers.SGD)
 
 
@@ -87,9 +81,9 @@ CASES = {  # the embedding's gradient dense, as Horovod's pre/postscaling and ag
 
 @pytest.mark.parametrize("case, graph", [(case, True) for case in CASES] + [("backward_passes_per_step=2", False)],
                          ids=lambda v: {True: "tf.function", False: "eager"}.get(v, v) if isinstance(v, bool) else v)
-def test_argument_matches_horovods_keras_optimizer(hvd, case, graph):
+def test_argument_matches_horovods_keras_optimizer(hvd, case, graph, assert_replicas_identical):
     theirs, ours = horovod_and_ours(hvd, graph, sparse_as_dense=True, **CASES[case](hvd))
     for a, b in zip(theirs.trainable_variables, ours.trainable_variables):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
     assert not np.array_equal(ours.trainable_variables[0].numpy(), model().trainable_variables[0].numpy())
-    assert_replicas_identical(hvd, ours)
+    assert_replicas_identical(ours, "keras.replicas")

@@ -44,13 +44,7 @@ def run(model, batches, policy, graph: bool):
     return sparse
 
 
-def assert_replicas_identical(hvd, model):
-    flat = tf.concat([tf.reshape(v, [-1]) for v in model.trainable_variables], 0)
-    gathered = hvd.allgather(flat[None, :], name="policy.replicas").numpy()
-    assert all(np.array_equal(gathered[0], row) for row in gathered)
-
-
-def test_eager_auto_decides_after_warmup_and_ranks_agree(hvd):
+def test_eager_auto_decides_after_warmup_and_ranks_agree(hvd, assert_replicas_identical):
     model, batches = model_and_data(hvd)
     policy = AutoPolicy(f"auto:warmup=3,{SLOW}")
     run(model, batches[:2], policy, graph=False)
@@ -61,10 +55,10 @@ def test_eager_auto_decides_after_warmup_and_ranks_agree(hvd):
     embedding = table[0]
     assert embedding.shape == (3000, 16) and embedding.density < 0.2  # measured on the IndexedSlices
     assert embedding.compressor.split(":")[0] in ("allgather", "union", "topk", "sketch", "powersgd")  # compressed
-    assert_replicas_identical(hvd, model)
+    assert_replicas_identical(model, "policy.replicas")
 
 
-def test_tf_function_decides_at_trace_time(hvd):
+def test_tf_function_decides_at_trace_time(hvd, assert_replicas_identical):
     """Traced before any eager step: auto decides from stand-ins, with its collectives run eagerly,
     and the graph keeps that decision; the embedding's stand-in holds the batch's looked-up rows."""
     model, batches = model_and_data(hvd)
@@ -77,7 +71,7 @@ def test_tf_function_decides_at_trace_time(hvd):
     assert not any(row.compressor.startswith("powersgd") for row in table)  # its state would freeze in a graph
     if table[0].compressor.startswith("sketch"):
         assert all(sparse)  # IndexedSlices stay sparse through the sketch
-    assert_replicas_identical(hvd, model)
+    assert_replicas_identical(model, "policy.replicas")
 
 
 def test_flag_string_names_one_policy_across_tapes(hvd):

@@ -148,13 +148,8 @@ def test_a_restore_on_rank_0_alone_fails_the_first_step_on_every_rank(hvd, folde
         resumed.train(hvd, STEPS, steps=1)
 
 
-def assert_replicas_identical(hvd, net):
-    flat = tf.concat([tf.reshape(v, [-1]) for v in net.trainable_variables], 0)
-    gathered = hvd.allgather(flat[None], name="resume.replicas").numpy()
-    assert all(np.array_equal(gathered[0], row) for row in gathered)
-
-
-def test_a_save_on_rank_0_alone_resumes_with_every_ranks_residuals_afresh_and_says_so(hvd, folder):
+def test_a_save_on_rank_0_alone_resumes_with_every_ranks_residuals_afresh_and_says_so(hvd, folder,
+                                                                                      assert_replicas_identical):
     """Horovod's plain habit, without ``gather()``: no collective (the others train on), rank 0
     warns that no rank's residuals are in the file; every rank resumes from it alike, afresh."""
     run = Run(CASES[0]).train(hvd, 0, steps=2)
@@ -172,7 +167,7 @@ def test_a_save_on_rank_0_alone_resumes_with_every_ranks_residuals_afresh_and_sa
     resets = [str(w.message) for w in caught if issubclass(w.category, StateReset)]
     assert len(resets) == (hvd.rank() == 0)
     assert all("saved on one rank without every rank's state" in m and "afresh at step 2" in m for m in resets)
-    assert_replicas_identical(hvd, resumed.model)
+    assert_replicas_identical(resumed.model, "resume.replicas")
 
 
 def other_world(blob: bytes, size: int) -> bytes:
@@ -184,7 +179,8 @@ def other_world(blob: bytes, size: int) -> bytes:
     return pickle.dumps(saved)
 
 
-def test_a_checkpoint_of_another_world_size_is_a_clear_error_or_an_opted_in_logged_reset(hvd, folder):
+def test_a_checkpoint_of_another_world_size_is_a_clear_error_or_an_opted_in_logged_reset(hvd, folder,
+                                                                                         assert_replicas_identical):
     weights, path = uninterrupted(hvd, CASES[0], os.path.join(folder, "world"))
     other = 4 if hvd.size() == 2 else 2
     blob = other_world(saved_blob(path), other)
@@ -201,7 +197,7 @@ def test_a_checkpoint_of_another_world_size_is_a_clear_error_or_an_opted_in_logg
     resets = [w for w in caught if issubclass(w.category, StateReset)]
     assert len(resets) == (hvd.rank() == 0)
     assert all(f"start afresh at step {STEPS}" in str(w.message) for w in resets)
-    assert_replicas_identical(hvd, reset.model)
+    assert_replicas_identical(reset.model, "resume.replicas")
 
 
 def test_a_checkpoint_of_another_method_is_a_clear_error(hvd, folder):
@@ -244,7 +240,7 @@ def test_model_fit_resumes_every_rank_from_rank_0s_model_checkpoint(hvd, folder,
     assert same(weights, fit(hvd, case, epochs=1, restore=first))
 
 
-def test_model_save_on_rank_0_alone_saves_without_waiting_for_the_others(hvd, folder):
+def test_model_save_on_rank_0_alone_saves_without_waiting_for_the_others(hvd, folder, assert_replicas_identical):
     """``if hvd.rank() == 0: model.save(path)`` (a SavedModel or a .keras file, with the optimizer)
     neither hangs nor fails: the SavedModel says it holds no rank's residuals, and both load
     without hvdsketch, the optimizer the wrapped one's own class."""
@@ -261,7 +257,7 @@ def test_model_save_on_rank_0_alone_saves_without_waiting_for_the_others(hvd, fo
         for name in ("savedmodel", "model.keras"):
             assert type(tf.keras.models.load_model(os.path.join(folder, name)).optimizer) is tf.keras.optimizers.SGD
     net.fit(x, y, batch_size=8, verbose=0)
-    assert_replicas_identical(hvd, net)
+    assert_replicas_identical(net, "resume.replicas")
 
 
 def test_gather_state_callback_gathers_at_the_batches_model_checkpoint_saves_at(hvd, folder):

@@ -42,7 +42,7 @@ def test_recovery_within_count_sketch_bound(hvd, graph):
     assert 0 < cases.relative_error(recovered, truth) < cases.error_bound(cols, truth)
 
 
-def test_keras_embedding_training_keeps_replicas_bit_identical(hvd):
+def test_keras_embedding_training_keeps_replicas_bit_identical(hvd, assert_replicas_identical):
     """50 tf.function steps of an embedding model; IndexedSlices gradients stay sparse; ranks agree bit for bit."""
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([tf.keras.Input((8,), dtype="int64"), tf.keras.layers.Embedding(5000, 16),
@@ -65,9 +65,7 @@ def test_keras_embedding_training_keeps_replicas_bit_identical(hvd):
     for _ in range(50):
         train_step(rng.integers(0, 5000, size=(32, 8)), rng.integers(0, 5, size=32))
     assert seen_sparse and all(seen_sparse)
-    flat = tf.concat([tf.reshape(v, [-1]) for v in model.trainable_variables], 0)
-    gathered = hvd.allgather(flat[None, :], name="replicas").numpy()
-    assert all(np.array_equal(gathered[0], row) for row in gathered)
+    assert_replicas_identical(model)
 
 
 def test_nan_on_one_rank_raises_on_every_rank_in_graph(hvd):
