@@ -54,6 +54,8 @@ HOOKS = ("none", "powersgd")
 LAUNCHERS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
              ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
              ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+#: How long a rank waits for the others: at the rendezvous, in a collective, and at the exit.
+TIMEOUT = datetime.timedelta(seconds=300)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,12 +111,10 @@ def dense_workload(flag: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
     import torch.distributed as dist
 
     from hvdsketch.lab.config import TrainConfig
     from hvdsketch.lab.train import print_summary
-    from hvdsketch.lab.train_torch import _optimizer, clip, fit
     from hvdsketch.lab.workloads import get
 
     hook, approximation_rank, start_iter = parse_hook(args)
@@ -124,48 +124,14 @@ def run(args: argparse.Namespace) -> int:
     flag = "none" if hook == "none" else f"powersgd:rank={approximation_rank}"
     config = dataclasses.replace(config, workload=dense_workload(config.workload), compression=flag, memory=None)
     workload = get(config.workload)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("OMPI_MCA_ess_base_jobid", 9500)) % 20000))
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=300))
+    store = _store(rank, size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
     try:
-        torch.set_num_threads(max(1, torch.get_num_threads() // local))
-        model = workload.build_model()
-        whole = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb or whole)
-        state = None if hook == "none" else _powersgd(ddp, approximation_rank, start_iter)
-        optimizer = _optimizer(config, model)
-
-        steps = {"done": 0}
-
-        def step(batch: Any) -> tuple[torch.Tensor, None]:
-            steps["done"] += 1
-            optimizer.zero_grad()
-            loss = workload.loss(ddp, batch)
-            loss.backward()  # DDP averages the gradients here
-            clip(config, model)
-            optimizer.step()
-            return loss, None
-
-        dense = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-
-        def report() -> dict[str, Any]:
-            done = steps["done"]
-            full = ring_allreduce_bytes(dense, size)
-            if state is None:
-                return {"sent": full * done, "dense": full * done, "seconds": {}}
-            _, _, compressed = state.compression_stats()  # elements sent in the PowerSGD steps
-            itemsize = dense // sum(p.numel() for p in model.parameters() if p.requires_grad)
-            sent = full * min(done, state.start_powerSGD_iter) + ring_allreduce_bytes(int(compressed) * itemsize, size)
-            return {"sent": sent, "dense": full * done, "seconds": {}}
-
-        record = fit(config, workload, model, step, rank, size, report)
+        record = _train(config, workload, hook, approximation_rank, start_iter, args.bucket_cap_mb, rank, size, local)
         dist.barrier()  # rank 0 validates last: no rank tears gloo down under another's feet
-        record["path"] = "ddp"
-        record["ddp"] = {"hook": hook, "rank": approximation_rank, "start_iter": start_iter,
-                         "bucket_cap_mb": args.bucket_cap_mb or whole, "backend": "gloo"}
     finally:
         dist.destroy_process_group()
+    _leave(store, rank, size)
     if rank == 0:
         print_summary(record)
         out = Path(config.out)
@@ -174,6 +140,70 @@ def run(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(record, indent=2))
         print(f"record: {path}")
     return 0
+
+
+def _store(rank: int, size: int) -> Any:
+    """The rendezvous: a TCP store served by rank 0 on ``MASTER_ADDR``:``MASTER_PORT``."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", 20000 + int(os.environ.get("OMPI_MCA_ess_base_jobid", 9500)) % 20000))
+    return dist.TCPStore(host, port, size, is_master=rank == 0, timeout=TIMEOUT)
+
+
+def _leave(store: Any, rank: int, size: int) -> None:
+    """Each rank says it has torn its process group down; rank 0, which serves the store, waits
+    for all of them before it may exit, so no rank's teardown meets a store or peer already gone."""
+    if rank:
+        store.set(f"left/{rank}", "1")
+    else:
+        store.wait([f"left/{r}" for r in range(1, size)], TIMEOUT)
+
+
+def _train(config: Any, workload: Any, hook: str, approximation_rank: int, start_iter: int,
+           bucket_cap_mb: float | None, rank: int, size: int, local: int) -> dict[str, Any]:
+    """The run's record; DDP and its hook's state are gone when it returns, before the process
+    group is destroyed."""
+    import torch
+
+    from hvdsketch.lab.train_torch import _optimizer, clip, fit
+
+    torch.set_num_threads(max(1, torch.get_num_threads() // local))
+    model = workload.build_model()
+    whole = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb or whole)
+    state = None if hook == "none" else _powersgd(ddp, approximation_rank, start_iter)
+    optimizer = _optimizer(config, model)
+
+    steps = {"done": 0}
+
+    def step(batch: Any) -> tuple[torch.Tensor, None]:
+        steps["done"] += 1
+        optimizer.zero_grad()
+        loss = workload.loss(ddp, batch)
+        loss.backward()  # DDP averages the gradients here
+        clip(config, model)
+        optimizer.step()
+        return loss, None
+
+    dense = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+    def report() -> dict[str, Any]:
+        done = steps["done"]
+        full = ring_allreduce_bytes(dense, size)
+        if state is None:
+            return {"sent": full * done, "dense": full * done, "seconds": {}}
+        _, _, compressed = state.compression_stats()  # elements sent in the PowerSGD steps
+        itemsize = dense // sum(p.numel() for p in model.parameters() if p.requires_grad)
+        sent = full * min(done, state.start_powerSGD_iter) + ring_allreduce_bytes(int(compressed) * itemsize, size)
+        return {"sent": sent, "dense": full * done, "seconds": {}}
+
+    record = fit(config, workload, model, step, rank, size, report)
+    record["path"] = "ddp"
+    record["ddp"] = {"hook": hook, "rank": approximation_rank, "start_iter": start_iter,
+                     "bucket_cap_mb": bucket_cap_mb or whole, "backend": "gloo"}
+    return record
 
 
 def _powersgd(ddp: Any, rank: int, start_iter: int) -> Any:
