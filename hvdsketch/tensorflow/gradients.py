@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
@@ -37,8 +38,9 @@ from hvdsketch.ops import tensorflow as tf_ops
 
 _exchanges: dict[tuple, "GradientExchange"] = {}  # setup -> the one exchange the tapes of that setup share
 _made: dict[str, int] = {}  # setup -> exchanges of it made so far in this process
-#: Called with each tape's exchange as it is made (a restored checkpoint gives it its state).
-on_new_tape: list[Callable[["GradientExchange"], None]] = []
+#: Called with each tape's exchange as it is made (a restored checkpoint gives it its state); held
+#: weakly, so that a state the script has dropped stops listening.
+on_new_tape: list[weakref.WeakMethod] = []
 
 
 def reduction_of(hvd: Any, op: Any, gradient_predivide_factor: float) -> str:
@@ -107,8 +109,10 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
     if shared:
         exchange.keep = (compression, memory)  # the objects whose identity is in the key stay alive
         _exchanges[key] = exchange
-        for listener in on_new_tape:
-            listener(exchange)
+        on_new_tape[:] = [ref for ref in on_new_tape if ref() is not None]
+        for ref in list(on_new_tape):
+            if (listener := ref()) is not None:
+                listener(exchange)
     return exchange
 
 

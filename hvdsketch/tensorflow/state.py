@@ -39,6 +39,7 @@ gives every rank its entry.
 from __future__ import annotations
 
 import pickle
+import weakref
 import warnings
 from typing import Any, Callable
 
@@ -112,5 +113,5 @@ def TapeState(reset_on_change: bool = False) -> ExchangeState:
     """The :class:`ExchangeState` of this process's :func:`DistributedGradientTape` objects, for a
     ``tf.train.Checkpoint`` (a tape made later, at its first step, takes its restored state then)."""
     state = ExchangeState(tape_exchanges, reset_on_change)
-    on_new_tape.append(state.claim)
+    on_new_tape.append(weakref.WeakMethod(state.claim))
     return state

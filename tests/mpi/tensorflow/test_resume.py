@@ -6,6 +6,7 @@ shared by setup: each run below forgets them first, as a new process would); the
 optimizer tracks its own. Giving every rank rank 0's hvdsketch state instead (what a checkpoint of
 rank 0's state alone would do) makes the continuation differ, so the tests can fail.
 """
+import gc
 import os
 import pickle
 import warnings
@@ -20,11 +21,12 @@ from hvdsketch.exchange.checkpoint import StateReset
 from hvdsketch.tensorflow import gradients
 from tests.shared_folder import shared_folder
 
-#: (compression, memory): residual stores, methods with state of their own, the sketch, auto.
+#: (compression, memory): residual stores, methods with state of their own, the sketch, auto (on a link
+#: so slow that fp16, which keeps a residual, wins the dense layer by far more than timing noise).
 CASES = [("topk:ratio=0.05", "fp32"), ("topk:ratio=0.05", "fp16"), ("topk:ratio=0.05", "topk:ratio=0.2"),
          ("dgc:ratio=0.05", None), ("efsignsgd", None), ("powersgd:rank=2", None),
          ("sketch:error=0.5", "fp32"), ("sketch:density=0.05", "fp32"),
-         ("auto:bandwidth=10mbit,latency=10us,warmup=2", "fp32")]
+         ("auto:bandwidth=100kbit,latency=10us,warmup=2", "fp32")]
 STEPS = 5
 VOCAB = 3000
 
@@ -123,6 +125,18 @@ def test_inside_tf_function_too(hvd, folder):
     resumed = Run(CASES[0], graph=True)
     resumed.checkpoint.restore(path)
     assert same(weights, resumed.train(hvd, STEPS).weights())
+
+
+def test_a_restored_state_the_script_dropped_gives_nothing_to_a_later_tape(hvd, folder):
+    """A state restored and then dropped before any tape took its entries (a script that builds
+    its loop anew) stops listening: a later fresh run trains as if no checkpoint was ever read."""
+    first = Run(CASES[0]).train(hvd, 0)
+    path = first.save(hvd, os.path.join(folder, "dropped"))
+    dropped = Run(CASES[0])
+    dropped.checkpoint.restore(path)
+    del dropped
+    gc.collect()
+    assert same(first.weights(), Run(CASES[0]).train(hvd, 0).weights())
 
 
 def test_restored_on_rank_0_and_broadcast_resumes_every_rank_exactly(hvd, folder):
