@@ -273,15 +273,17 @@ class AutoPolicy(Policy):
         return best if costs[best] < (1 - self.options.margin) * costs[0] else 0
 
     def _instance(self, text: str) -> Compressor:
-        """One compressor object per flag, shared by the tensors that use it (state is per name)."""
+        """One compressor object per flag, shared by the tensors that use it (state is per name); a
+        flag spelled another way (``powersgd:rank=1`` is ``powersgd``) names the same object."""
         if text not in self._instances:
-            self._instances[text] = create(text)
+            compressor = create(text)
+            self._instances[text] = self._instances.setdefault(str(compressor), compressor)
         return self._instances[text]
 
     # -- checkpoints ------------------------------------------------------------------------------
 
     def compressors(self) -> dict[str, Compressor]:
-        return dict(self._instances)
+        return {str(c): c for c in self._instances.values()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"calls": self._calls, "plan_at": self._plan_at,

@@ -289,6 +289,17 @@ def test_auto_warms_up_dense_then_decides_and_checkpoints(capsys):
     assert restored.assignment == table
 
 
+def test_auto_names_each_compressor_as_its_decision_is_saved():
+    """A checkpoint keeps each compressor's state under the policy's name for it and the decision
+    as the compressor's flag; the two must agree (a candidate spelled ``powersgd:rank=1``, whose
+    flag is ``powersgd``, once made a saved PowerSGD state fail to load)."""
+    comm = MPICommunicator(MPI.COMM_SELF)
+    policy = AutoPolicy("auto:warmup=1,bandwidth=1gbit,latency=50us,powersgd_rank=1")
+    step_through(policy, [np.ones((32, 32), np.float32)], [TensorContext("w", (32, 32), 0, 1)], comm)
+    assert "powersgd" in policy.compressors()
+    assert all(flag == str(c) for flag, c in policy.compressors().items())
+
+
 def test_auto_replans_on_schedule(capsys):
     comm = MPICommunicator(MPI.COMM_SELF)
     policy = AutoPolicy("auto:warmup=1,replan=3,bandwidth=1gbit,latency=50us")
