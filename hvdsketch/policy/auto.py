@@ -60,11 +60,11 @@ from typing import Any, ClassVar, Sequence
 
 from hvdsketch import spec as _spec
 from hvdsketch.collectives import Communicator, reduce, side_channel
-from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
+from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext
 from hvdsketch.compress.union import Union
 from hvdsketch.memory.stores import flag
 from hvdsketch.ops import backend
-from hvdsketch.policy.base import Policy, announce
+from hvdsketch.policy.base import CompressorPool, Policy, announce
 from hvdsketch.policy.cost import (BLOCK, Link, Measurement, densities, measure, parse_bandwidth, parse_latency,
                                    union_bytes, values_of)
 from hvdsketch.policy.probe import probe
@@ -125,7 +125,7 @@ def parse(text: "str | _spec.Spec") -> AutoOptions:
 class AutoPolicy(Policy):
     """The ``auto`` policy (see the module's docstring)."""
 
-    def __init__(self, options: "AutoOptions | str" = AutoOptions()) -> None:
+    def __init__(self, options: "AutoOptions | str" = AutoOptions(), pool: CompressorPool | None = None) -> None:
         self.options = parse(options) if isinstance(options, str) else options
         self._calls = 0
         self._plan_at: int | None = self.options.warmup  # the first step the next decision applies to
@@ -134,7 +134,7 @@ class AutoPolicy(Policy):
         self._window: dict[str, tuple[float, float]] = {}  # name -> max (element, unit) density
         self._decision: dict[str, Compressor] = {}
         self._table: list[Assignment] | None = None
-        self._instances: dict[str, Compressor] = {}
+        self._pool = pool or CompressorPool()  # the candidates' objects, shared with a setup's rules
 
     def __str__(self) -> str:
         return str(self.options)
@@ -153,7 +153,7 @@ class AutoPolicy(Policy):
         return self._link
 
     def compressor(self, ctx: TensorContext) -> Compressor:
-        return self._decision.get(ctx.name) or self._instance("none")
+        return self._decision.get(ctx.name) or self._pool.get("none")
 
     @property
     def wants_inputs(self) -> bool:
@@ -204,20 +204,20 @@ class AutoPolicy(Policy):
         ``tf.function`` (not PowerSGD, whose state is Python's, nor the exact sparse methods, whose
         sizes are known only at run time); ``row_sparse``: the gradient comes as rows."""
         numel = math.prod(shape)
-        found = [self._instance("none")]
+        found = [self._pool.get("none")]
         if dtype in ("float32", "float64"):
-            found.append(self._instance("fp16"))
+            found.append(self._pool.get("fp16"))
         if not traced and union < 1:
-            found += [self._instance("allgather"), self._instance("union")]
+            found += [self._pool.get("allgather"), self._pool.get("union")]
         ratio = _round_up(max(element * self.options.headroom, 1 / numel))
         if ratio < 1 and not (row_sparse and not traced):
-            found.append(self._instance(f"topk:ratio={ratio}"))
+            found.append(self._pool.get(f"topk:ratio={ratio}"))
         units = math.ceil(numel / BLOCK) if len(shape) < 2 else shape[0]
         density = _round_up(min(1.0, max(union * self.options.headroom, 1 / units)))
-        sketch = self._instance(f"sketch:density={density},error={self.options.error}")
+        sketch = self._pool.get(f"sketch:density={density},error={self.options.error}")
         if sketch.plan(shape) is not None:
             found.append(sketch)
-        powersgd = self._instance(f"powersgd:rank={self.options.powersgd_rank}")
+        powersgd = self._pool.get(f"powersgd:rank={self.options.powersgd_rank}")
         if not traced and powersgd.matrix(shape) is not None:
             found.append(powersgd)
         return found
@@ -272,18 +272,10 @@ class AutoPolicy(Policy):
         best = min(range(len(costs)), key=costs.__getitem__)
         return best if costs[best] < (1 - self.options.margin) * costs[0] else 0
 
-    def _instance(self, text: str) -> Compressor:
-        """One compressor object per flag, shared by the tensors that use it (state is per name); a
-        flag spelled another way (``powersgd:rank=1`` is ``powersgd``) names the same object."""
-        if text not in self._instances:
-            compressor = create(text)
-            self._instances[text] = self._instances.setdefault(str(compressor), compressor)
-        return self._instances[text]
-
     # -- checkpoints ------------------------------------------------------------------------------
 
     def compressors(self) -> dict[str, Compressor]:
-        return {str(c): c for c in self._instances.values()}
+        return self._pool.by_flag()
 
     def state_dict(self) -> dict[str, Any]:
         return {"calls": self._calls, "plan_at": self._plan_at,
@@ -296,7 +288,7 @@ class AutoPolicy(Policy):
         self._calls, self._plan_at = state["calls"], state["plan_at"]
         self._link = None if state["link"] is None else Link(*state["link"])
         self._window = {k: tuple(v) for k, v in state["window"].items()}
-        self._decision = {name: self._instance(text) for name, text in state["decision"].items()}
+        self._decision = {name: self._pool.get(text) for name, text in state["decision"].items()}
         self._table = (None if state["table"] is None else
                        [Assignment(**{**row, "shape": tuple(row["shape"])}) for row in state["table"]])
 

@@ -7,7 +7,7 @@ from hvdsketch import spec as _spec
 from hvdsketch.compress import Compressor
 from hvdsketch.compress import create as create_compressor
 from hvdsketch.policy.auto import AutoOptions, AutoPolicy
-from hvdsketch.policy.base import Fixed, Policy
+from hvdsketch.policy.base import CompressorPool, Fixed, Policy
 
 
 #: Horovod's own compressions and the flag each is.
@@ -29,13 +29,14 @@ def unwrapped(compression: Any) -> Any:
     return compression
 
 
-def from_flag(flag: "str | Compressor | Policy") -> Policy:
+def from_flag(flag: "str | Compressor | Policy", pool: CompressorPool | None = None) -> Policy:
     """``auto[:...]`` as :class:`AutoPolicy`, a compressor flag or object as :class:`Fixed`, a policy
-    as it is; raises :class:`hvdsketch.spec.SpecError` naming the valid choices."""
+    as it is; raises :class:`hvdsketch.spec.SpecError` naming the valid choices. With ``pool``, the
+    compressors come from it (and an object given joins it)."""
     if isinstance(flag, Policy):
         return flag
     if isinstance(flag, Compressor):
-        return Fixed(flag)
+        return Fixed(flag if pool is None else pool.adopt(flag))
     if _spec.Spec.parse(flag).name == AutoOptions.name:
-        return AutoPolicy(flag)
-    return Fixed(create_compressor(flag))
+        return AutoPolicy(flag, pool)
+    return Fixed(create_compressor(flag) if pool is None else pool.get(flag))

@@ -195,6 +195,21 @@ def test_rules_assign_and_tabulate(capsys):
     assert str(rules) == "rules[name=emb*->topk:ratio=0.02; default=fp16]"
 
 
+def test_rules_and_their_default_share_one_object_per_flag():
+    """A compressor's state is per tensor and a checkpoint keeps it by flag: a rule and the default
+    of one flag (spelled either way) must be one object, or the checkpoint keeps one's state only."""
+    comm = MPICommunicator(MPI.COMM_SELF)
+    contexts = [TensorContext("emb", (64, 8), 0, 1), TensorContext("w", (8, 8), 0, 1), TensorContext("v", (8, 8), 0, 1)]
+    rules = Rules([Rule("powersgd", name="emb"), Rule("powersgd:rank=1", name="w")], default="powersgd:rank=1")
+    chosen = step_through(rules, [np.ones(c.shape, np.float32) for c in contexts], contexts, comm)
+    assert len({id(c) for c in chosen}) == 1 and list(rules.compressors()) == ["powersgd"]
+    assert rules.compressors()["powersgd"] is chosen[0]
+    auto = Rules([Rule("powersgd:rank=4", name="emb")], default="auto:warmup=1,bandwidth=1gbit,powersgd_rank=4")
+    step_through(auto, [np.ones(c.shape, np.float32) for c in contexts], contexts, comm)  # auto makes its candidates
+    assert auto.compressor(contexts[0]) is auto.compressors()["powersgd:rank=4"]
+    assert all(flag == str(c) for flag, c in auto.compressors().items())
+
+
 @pytest.mark.parametrize("raw, message", [
     ({"rules": [{"name": "x", "compression": "sketchy"}]}, "unknown compressor 'sketchy'; valid: .*topk"),
     ({"rules": [{"name": "x"}]}, "needs a compression"),

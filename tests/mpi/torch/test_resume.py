@@ -28,7 +28,8 @@ from tests.shared_folder import shared_folder
 CASES = [("topk:ratio=0.05", "fp32"), ("topk:ratio=0.05", "fp16"), ("topk:ratio=0.05", "topk:ratio=0.2"),
          ("dgc:ratio=0.05", None), ("efsignsgd", None), ("powersgd:rank=2", None),
          ("sketch:error=0.5", "fp32"), ("sketch:density=0.05", "fp32"),
-         ("auto:bandwidth=100kbit,latency=10us,warmup=2,powersgd_rank=1", "fp32")]
+         ("auto:bandwidth=100kbit,latency=10us,warmup=2,powersgd_rank=1", "fp32"),
+         ({"rules": [{"name": "2.weight", "compression": "powersgd"}], "default": "powersgd:rank=1"}, "fp32")]
 STEPS = 5
 
 
