@@ -44,10 +44,11 @@ gradient bytes), so every framework's adapter uses them alike:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import warnings
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
 
@@ -164,14 +165,15 @@ def in_elastic_job() -> bool:
 
 
 def begin(exchanger: Exchanger, tensors: Callable[[], Sequence[tuple[str, tuple[int, ...]]]], ops: Any,
-          rejoin: bool = False) -> None:
+          rejoin: bool = False, scope: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
     """:func:`join` where a world begins: the exchanger's first step, its first in a world of
     another size, or where the adapter says so (``rejoin``: Horovod elastic's sync). ``tensors()``
-    (the adapter's names and shapes) is asked for only then. Ranks that disagree reset alike where
-    a world changes under Horovod elastic (an exchanger that has run, a sync, a worker of an
-    elastic job), else raise."""
+    (the adapter's names and shapes) is asked for, and ``scope()`` (TensorFlow's eager
+    ``tf.init_scope``) entered, only then. Ranks that disagree reset alike where a world changes
+    under Horovod elastic (an exchanger that has run, a sync, a worker of an elastic job), else raise."""
     if rejoin or not exchanger.verified or exchanger.world != exchanger.communicator.size:
-        join(exchanger, tensors(), ops, elastic=rejoin or exchanger.verified or in_elastic_job())
+        with scope():
+            join(exchanger, tensors(), ops, elastic=rejoin or exchanger.verified or in_elastic_job())
 
 
 def join(exchanger: Exchanger, tensors: Sequence[tuple[str, tuple[int, ...]]], ops: Any,

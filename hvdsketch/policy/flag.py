@@ -5,7 +5,6 @@ from typing import Any
 
 from hvdsketch import spec as _spec
 from hvdsketch.compress import Compressor
-from hvdsketch.compress import create as create_compressor
 from hvdsketch.policy.auto import AutoOptions, AutoPolicy
 from hvdsketch.policy.base import CompressorPool, Fixed, Policy
 
@@ -35,8 +34,9 @@ def from_flag(flag: "str | Compressor | Policy", pool: CompressorPool | None = N
     compressors come from it (and an object given joins it)."""
     if isinstance(flag, Policy):
         return flag
+    pool = pool or CompressorPool()
     if isinstance(flag, Compressor):
-        return Fixed(flag if pool is None else pool.adopt(flag))
+        return Fixed(pool.adopt(flag))
     if _spec.Spec.parse(flag).name == AutoOptions.name:
         return AutoPolicy(flag, pool)
-    return Fixed(create_compressor(flag) if pool is None else pool.get(flag))
+    return Fixed(pool.get(flag))

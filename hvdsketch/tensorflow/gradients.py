@@ -156,8 +156,9 @@ class GradientExchange:
         names = _names(sources, generic_names)
         shapes = [tuple(int(d) for d in s.shape) for s in sources]
         shared = [i for i, s in enumerate(sources) if s.ref() not in local]
-        with tf.init_scope():  # where a world begins: every rank agrees, eagerly (hvdsketch.exchange.checkpoint)
-            checkpoint.begin(exchanger, lambda: [(names[i], shapes[i]) for i in shared], tf_ops, rejoin=self.rejoin)
+        # where a world begins, every rank agrees, eagerly (hvdsketch.exchange.checkpoint)
+        checkpoint.begin(exchanger, lambda: [(names[i], shapes[i]) for i in shared], tf_ops, rejoin=self.rejoin,
+                         scope=tf.init_scope)
         self.rejoin = False
         present = [i for i in shared if grads[i] is not None]
         inputs = {names[i]: _as_hvdsketch(grads[i]) for i in present}
