@@ -63,6 +63,10 @@ CASES = [
     Case("allgather", (400, 8), exact=True),  # dense: gathered once, then dense
     Case("allgather:wire=float16", (400, 8), rows=30, memory=True),
     Case("union:error=2,rows=3", (400, 8), rows=30, memory=True),
+    Case("balanced", (400, 8), rows=30, exact=True),
+    Case("balanced", (3000,), rows=2, exact=True),  # a vector: blocks of 256 elements as units
+    Case("balanced", (400, 8), exact=True),  # dense: every row on every rank
+    Case("balanced:wire=float16", (400, 8), rows=30, memory=True),
     Case("sketch:error=0.5,rows=3", (2000, 8), rows=20),
     Case("sketch:error=1", (2000, 8), rows=20, memory=True),  # float16 cells: unit tests (sums round by order)
     Case("sketch:error=0.5,block=16", (4096,), rows=40, memory=True),  # a vector: blocks, a dense residual
@@ -128,10 +132,13 @@ def dense_average(size: int, step: int, case: Case) -> np.ndarray:
     return np.mean([gradient(r, step, case).astype(np.float64) for r in range(size)], axis=0)
 
 
-def reduce_in_process(messages: Sequence[Message]) -> Any:
-    """What a communicator returns for the same message from every rank."""
+def reduce_in_process(messages: Sequence[Message], rank: int = 0) -> Any:
+    """What a communicator returns to ``rank`` for the same message from every rank (the same to
+    every rank, but for an alltoall: the pieces each rank sent ``rank``)."""
     tensors = [m.tensor for m in messages]
     ops = backend(tensors[0])
+    if messages[0].op == "alltoall":
+        return ops.concat([ops.split(m.tensor, m.splits)[rank] for m in messages])
     if messages[0].op == "allgather":
         return ops.concat(tensors)
     if messages[0].op == "bor":
@@ -145,7 +152,8 @@ def reduce_in_process(messages: Sequence[Message]) -> Any:
 def lockstep(flights: Sequence[Flight], reduce: Callable[[list[list[Message]]], list[Any]] | None = None
              ) -> tuple[list[list[Message]], list[Any]]:
     """Drive one flight per simulated rank in lock step, each round's messages reduced by
-    ``reduce(per_rank_messages)`` (default: :func:`reduce_in_process` position by position); returns
+    ``reduce(per_rank_messages)`` (default: :func:`reduce_in_process` position by position; an
+    alltoall's, which differ by rank, always so); returns
     rank 0's messages of every round and every rank's result."""
     reduce = reduce or (lambda pending: [reduce_in_process(same) for same in zip(*pending)])
     rounds = []
@@ -155,7 +163,8 @@ def lockstep(flights: Sequence[Flight], reduce: Callable[[list[list[Message]]], 
         for f in flights:
             f.settle()
         reduced = reduce(pending)
-        done = [f.advance(reduced) for f in flights]
+        done = [f.advance([reduce_in_process(same, r) if same[0].op == "alltoall" else result
+                           for same, result in zip(zip(*pending), reduced)]) for r, f in enumerate(flights)]
         if any(done):
             assert all(done), "ranks disagree on the number of rounds"
             return rounds, [f.result for f in flights]

@@ -4,7 +4,9 @@ A round's messages are grouped by kind and dtype (Horovod's grouped ops take
 one dtype): ``average``, ``sum`` and ``max`` messages go through
 ``hvd.grouped_allreduce``, ``allgather`` (sizes may differ by rank) and
 ``bor`` (an allgather folded with bitwise OR, since Horovod has no bitwise
-reduction) through ``hvd.grouped_allgather``. Every collective is named from
+reduction) through ``hvd.grouped_allgather``, each ``alltoall`` (split by rank, a
+sparse reduce-scatter's rows to their owners) through ``hvd.alltoall`` with its
+splits (Horovod has no grouped alltoall). Every collective is named from
 the round's name, so it is matched across ranks by name, whatever order the
 ranks start their tensors in, and Horovod's response cache, which is keyed by
 name, holds the same entries step after step. With PyTorch every group is
@@ -19,13 +21,14 @@ import re
 from types import ModuleType
 from typing import Any, Sequence
 
-from hvdsketch.collectives.stats import CommStats, ring_allreduce_bytes
+from hvdsketch.collectives.stats import CommStats, alltoall_bytes, ring_allreduce_bytes
 from hvdsketch.compress.base import Message
+from hvdsketch.compress.sizing import ITEMSIZE
 from hvdsketch.ops import backend
 
 #: The reduction ops and the Horovod collective each travels in.
 KINDS = {"average": "allreduce", "sum": "allreduce", "max": "allreduce", "allgather": "allgather",
-         "bor": "allgather"}
+         "bor": "allgather", "alltoall": "alltoall"}
 
 
 class HorovodHandle:
@@ -48,7 +51,7 @@ class HorovodHandle:
 
 
 #: What the message of a TensorFlow op error says where a Horovod collective failed (a rank left).
-HOROVOD_FAILURE = re.compile(r"Horovod(Grouped)?(Allreduce|Allgather|Broadcast)|Horovod has been shut down")
+HOROVOD_FAILURE = re.compile(r"Horovod(Grouped)?(Allreduce|Allgather|Alltoall|Broadcast)|Horovod has been shut down")
 
 
 def horovod_failed(error: BaseException) -> bool:
@@ -87,19 +90,23 @@ class HorovodCommunicator:
         for i, m in enumerate(messages):
             if m.op not in KINDS:
                 raise ValueError(f"hvdsketch: unknown reduction op {m.op!r}; valid: {', '.join(KINDS)}")
-            op = m.op if KINDS[m.op] == "allreduce" else "gather"
+            op = m.op if KINDS[m.op] == "allreduce" else "gather" if KINDS[m.op] == "allgather" else f"alltoall{i}"
             groups.setdefault((op, backend(m.tensor).dtype_name(m.tensor)), []).append(i)
-        started = [(op, picked, self._start(op, [messages[i].tensor for i in picked], f"{name}.{op}.{dtype}"))
+        started = [(op, picked, self._start(op, [messages[i] for i in picked], f"{name}.{op}.{dtype}"))
                    for (op, dtype), picked in groups.items()]
         return HorovodHandle(self, messages, started)
 
-    def _start(self, op: str, tensors: list[Any], name: str) -> Any:
+    def _start(self, op: str, messages: list[Message], name: str) -> Any:
         """A handle of the group's collective (PyTorch), or its results (TensorFlow, whose op names
         take letters, digits and ``_`` only, outside any name scope)."""
         hvd, kwargs = self.hvd, {"name": name, "process_set": self.process_set}
+        tensors = [m.tensor for m in messages]
         if not self.asynchronous:
             kwargs.update(name=re.sub("[^a-zA-Z0-9_]", "_", name), ignore_name_scope=True)
-        if op == "gather":
+        if op.startswith("alltoall"):
+            (tensors,), collective = tensors, hvd.alltoall_async if self.asynchronous else hvd.alltoall
+            kwargs["splits"] = list(messages[0].splits)
+        elif op == "gather":
             collective = hvd.grouped_allgather_async if self.asynchronous else hvd.grouped_allgather
         else:
             kwargs["op"] = {"average": hvd.Average, "sum": hvd.Sum, "max": hvd.Max}[op]
@@ -121,6 +128,13 @@ class HorovodCommunicator:
         out: list[Any] = [None] * len(messages)
         for op, picked, handle in started:
             results = self.hvd.synchronize(handle) if self.asynchronous else handle
+            if op.startswith("alltoall"):
+                (i,), (received, _) = picked, results
+                out[i] = received
+                m, ops = messages[i], backend(messages[i].tensor)
+                kept = m.splits[self.rank] * ITEMSIZE[ops.dtype_name(m.tensor)]
+                self.stats.record("alltoall", *alltoall_bytes(ops.nbytes(m.tensor), kept, ops.nbytes(received)))
+                continue
             if op != "gather":
                 wire = ring_allreduce_bytes(sum(backend(messages[i].tensor).nbytes(messages[i].tensor)
                                                 for i in picked), self.size)

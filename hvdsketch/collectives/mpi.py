@@ -36,6 +36,10 @@ Dense schedules (the sparse ones are in :mod:`hvdsketch.collectives.sparse`):
   rank, no padding: a ring allgather of 16-byte headers (row count and a
   digest of dtype and row shape, so a mismatch is the same clear error on
   every rank), then a ring allgather of the rows.
+- :func:`alltoallv`: ``MPI_Alltoallv``, each rank's rows cut by rank and piece
+  ``q`` sent to rank ``q``, pairwise: a 16-byte header to every other rank
+  (piece size and digest), then the pieces; a rank's own piece never leaves it.
+  A sparse reduce-scatter's rows travel so to their owners.
 
 :class:`MPICommunicator` also implements the :class:`~hvdsketch.collectives.Communicator`
 protocol (``start(messages, name)``), fusing messages of one op and dtype into one
@@ -69,6 +73,8 @@ REDUCTIONS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 #: Message op of the communicator protocol -> element-wise reduction.
 PROTOCOL_REDUCTIONS = {"average": "sum", "sum": "sum", "max": "max", "bor": "bor"}
+#: Message ops that move rows rather than reduce them, one collective a message.
+GATHERS = ("allgather", "alltoall")
 
 
 # --- wire formats --------------------------------------------------------------------------
@@ -301,6 +307,44 @@ def allgatherv(wire: Wire, x: np.ndarray, context: str = "") -> Schedule[tuple[n
     return data.view(x.dtype).reshape((sum(counts),) + row_shape), counts
 
 
+def alltoallv(wire: Wire, x: np.ndarray, splits: Sequence[int], context: str = "") -> Schedule[np.ndarray]:
+    """The rows every rank sent this one, in rank order: ``x`` (rows along dimension 0) is cut into
+    ``splits`` (one count per rank, summing to its rows) and piece ``q`` goes to rank ``q``.
+
+    Every rank first sends every other its piece's row count and a digest of dtype, row shape and
+    ``context``; a rank whose digest differs is a :class:`ValueError` on every rank (each sees some
+    rank unlike itself), never a hang. Then the pieces, all at once (the pairwise exchange of
+    ``MPI_Alltoallv``): a rank sends ``rows - splits[rank]`` rows and receives what the others'
+    splits give it.
+    """
+    r, size = wire.rank, wire.size
+    splits = [int(c) for c in splits]
+    rows = x.shape[0] if x.ndim else 1
+    valid = len(splits) == size and min(splits, default=0) >= 0 and sum(splits) == rows
+    row_shape = x.shape[1:]
+    mark = digest(f"{x.dtype.descr}{row_shape}{context}") if valid else -1  # the others fail too
+    headers = np.array([[c, mark] for c in (splits if valid else [0] * size)], np.int64)
+    incoming = np.empty_like(headers)
+    incoming[r] = headers[r]
+    others = [q for q in range(size) if q != r]
+    yield [req for q in others for req in wire.irecv([incoming[q]], q) + wire.isend([headers[q]], q)]
+    if not valid:
+        raise ValueError(f"hvdsketch: alltoallv needs {size} non-negative splits summing to the {rows} rows "
+                         f"sent, got {splits}")
+    if np.any(incoming[:, 1] != mark):
+        raise ValueError(f"hvdsketch: alltoallv: ranks disagree on dtype or row shape ({context or x.dtype})")
+    flat = np.ascontiguousarray(x).reshape((rows,) + row_shape)
+    out = np.empty((int(incoming[:, 0].sum()),) + row_shape, x.dtype)
+    starts = np.concatenate([[0], np.cumsum(splits)])
+    ends = np.concatenate([[0], np.cumsum(incoming[:, 0])])
+    out[ends[r]:ends[r + 1]] = flat[starts[r]:starts[r + 1]]
+    requests = [req for q in others for req in wire.irecv([out[ends[q]:ends[q + 1]]], q)
+                + wire.isend([flat[starts[q]:starts[q + 1]]], q)]
+    if requests:
+        yield requests
+    return out
+
+
 # --- the communicator ----------------------------------------------------------------------
 
 
@@ -346,18 +390,23 @@ class MPICommunicator:
         """All ranks' ``x`` concatenated along dimension 0, and each rank's row count."""
         return self.launch(label, lambda w: allgatherv(w, x))
 
+    def ialltoallv(self, x: np.ndarray, splits: Sequence[int], label: str = "alltoall") -> Handle[np.ndarray]:
+        """The rows every rank sent this one, in rank order (``x`` cut by ``splits``, :func:`alltoallv`)."""
+        return self.launch(label, lambda w: alltoallv(w, x, splits))
+
     def start(self, messages: Sequence[Message], name: str = "") -> Batch[list[Any]]:
         """Start reducing each message by its op; one fused allreduce per (op, dtype) (the
         :class:`~hvdsketch.collectives.Communicator` protocol; ranks match by the order of calls,
         so ``name`` only labels). Results are of each message's kind: numpy arrays, or tensors on
         the message tensor's device."""
         for m in messages:
-            if m.op not in PROTOCOL_REDUCTIONS and m.op != "allgather":
-                raise ValueError(f"hvdsketch: unknown reduction op {m.op!r}; valid: average, sum, max, allgather, bor")
+            if m.op not in PROTOCOL_REDUCTIONS and m.op not in GATHERS:
+                raise ValueError(f"hvdsketch: unknown reduction op {m.op!r}; valid: average, sum, max, allgather, bor, "
+                                 f"alltoall")
         hosted = [_on_host(m.tensor) for m in messages]
         groups: dict[tuple[str, str, str | None], list[int]] = {}
         for i, (m, (array, wire)) in enumerate(zip(messages, hosted)):
-            if m.op != "allgather":
+            if m.op not in GATHERS:
                 groups.setdefault((m.op, array.dtype.str, wire), []).append(i)
         handles, parts = [], []
         for (op, _, wire), picked in groups.items():
@@ -366,15 +415,17 @@ class MPICommunicator:
             handles.append(self.iallreduce(fused, PROTOCOL_REDUCTIONS[op], wire=wire, label=label))
             parts.append(picked)
         for i, m in enumerate(messages):
-            if m.op == "allgather":
-                handles.append(self.iallgatherv(hosted[i][0]))
+            if m.op in GATHERS:
+                handles.append(self.iallgatherv(hosted[i][0]) if m.op == "allgather" else
+                               self.ialltoallv(hosted[i][0], m.splits or ()))
                 parts.append([i])
 
         def combine(results: list[Any]) -> list[Any]:
             out: list[Any] = [None] * len(messages)
             for picked, result in zip(parts, results):
-                if messages[picked[0]].op == "allgather":
-                    out[picked[0]] = _like(result[0], messages[picked[0]].tensor)
+                if messages[picked[0]].op in GATHERS:
+                    gathered = result[0] if messages[picked[0]].op == "allgather" else result
+                    out[picked[0]] = _like(gathered, messages[picked[0]].tensor)
                     continue
                 sizes = [hosted[i][0].size for i in picked]
                 for i, flat in zip(picked, np.split(result, np.cumsum(sizes)[:-1])):

@@ -4,7 +4,8 @@ Every communicator records each call here, so benchmarks and optimizers
 report measured volumes. For collectives whose wire schedule hvdsketch
 implements (the MPI layer) the counts are the exact message sizes; for
 Horovod's own allreduce, whose schedule lives in C++, they follow the ring
-algorithm: each rank sends and receives ``2 (N - 1) / N`` times the buffer.
+algorithm: each rank sends and receives ``2 (N - 1) / N`` times the buffer;
+for an alltoall, every piece but the one a rank keeps (:func:`alltoall_bytes`).
 """
 from __future__ import annotations
 
@@ -53,3 +54,9 @@ class CommStats:
 def ring_allreduce_bytes(nbytes: int, size: int) -> int:
     """Bytes one rank sends (and receives) in a ring allreduce of ``nbytes``."""
     return 0 if size <= 1 else 2 * (size - 1) * nbytes // size
+
+
+def alltoall_bytes(sent: int, kept: int, received: int) -> tuple[int, int]:
+    """Bytes one rank sends and receives in an alltoall that sends ``sent`` bytes (its own piece,
+    ``kept`` bytes, included: it never leaves the rank) and gets back ``received`` (that piece too)."""
+    return sent - kept, received - kept

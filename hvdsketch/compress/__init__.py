@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from hvdsketch import spec as _spec
 from hvdsketch.compress.allgather import Allgather
+from hvdsketch.compress.balanced import Balanced
 from hvdsketch.compress.base import Compressor, Message, Round, TensorContext
 from hvdsketch.compress.dense import HalfPrecision, NoCompression
 from hvdsketch.compress.dgc import DeepGradientCompression
@@ -21,7 +22,7 @@ from hvdsketch.compress.topk import TopK
 from hvdsketch.compress.union import Union
 
 REGISTRY: dict[str, type[Compressor]] = {
-    cls.name: cls for cls in (NoCompression, HalfPrecision, SparseSketch, Union, Allgather,
+    cls.name: cls for cls in (NoCompression, HalfPrecision, SparseSketch, Union, Allgather, Balanced,
                               TopK, RandomK, DeepGradientCompression, QSGD, TernGrad, EFSignSGD, PowerSGD)
 }
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, ClassVar, Generator, Literal, Mapping, Sequenc
 from hvdsketch.compress.state import Convert, export_state, import_state
 from hvdsketch.compress.support import RowSparse
 
-Op = Literal["average", "sum", "max", "allgather", "bor"]
+Op = Literal["average", "sum", "max", "allgather", "bor", "alltoall"]
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,15 @@ class Message:
 
     ``average``: element-wise mean (Horovod's ``op=Average``); ``sum``: element-wise
     sum; ``max``: element-wise maximum; ``allgather``: rank-ordered concatenation
-    along dimension 0, sizes may differ by rank; ``bor``: bitwise OR of ``uint8``.
+    along dimension 0, sizes may differ by rank; ``bor``: bitwise OR of ``uint8``; ``alltoall``:
+    the vector cut into ``splits`` (host ints, one per rank in rank order), piece ``q`` sent to rank
+    ``q``, and what every rank sent this one concatenated in rank order (the only op whose result
+    differs by rank).
     """
 
     tensor: Any
     op: Op = "average"
+    splits: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,10 @@ class Compressor(ABC):
     #: True when error feedback is part of the method (EF-SignSGD, PowerSGD, DGC's accumulation):
     #: the exchanger keeps a float32 residual for it when the user gives no residual memory.
     feedback: ClassVar[bool] = False
+    #: True when the exchange sizes its later rounds on the host from what earlier rounds brought
+    #: (``balanced``'s splits), so it cannot be traced into a graph: TensorFlow runs it as one Python
+    #: op inside ``tf.function``.
+    host_sized: ClassVar[bool] = False
 
     def one_message(self) -> "Compressor":
         """This method in the form whose exchange is one averaged message (:attr:`drop_in`), for

@@ -169,6 +169,9 @@ class Ops(Protocol):
     def sort0(self, x: Tensor) -> Tensor:
         """``x`` sorted along its first dimension."""
 
+    def cumsum(self, x: Tensor) -> Tensor:
+        """Running sums of the vector ``x`` in its dtype: ``out[k] = x[0] + ... + x[k]``."""
+
     def bitwise_or_rows(self, x2d: Tensor) -> Tensor:
         """The bitwise OR of the rows of an integer matrix."""
 

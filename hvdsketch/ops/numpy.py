@@ -113,6 +113,10 @@ def sort0(x: Tensor) -> Tensor:
     return np.sort(x, axis=0)
 
 
+def cumsum(x: Tensor) -> Tensor:
+    return np.cumsum(x, dtype=x.dtype)
+
+
 def outer_add(a: Tensor, b: Tensor) -> Tensor:
     """Flattened ``a[:, None] + b[None, :]``."""
     return (a[:, None] + b[None, :]).reshape(-1)

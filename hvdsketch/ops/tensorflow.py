@@ -123,6 +123,10 @@ def sort0(x: Tensor) -> Tensor:
     return tf.sort(x, axis=0)
 
 
+def cumsum(x: Tensor) -> Tensor:
+    return tf.math.cumsum(x)
+
+
 def outer_add(a: Tensor, b: Tensor) -> Tensor:
     return tf.reshape(a[:, None] + b[None, :], [-1])
 

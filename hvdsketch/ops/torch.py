@@ -120,6 +120,10 @@ def sort0(x: Tensor) -> Tensor:
     return torch.sort(x, dim=0).values
 
 
+def cumsum(x: Tensor) -> Tensor:
+    return torch.cumsum(x, 0, dtype=x.dtype)
+
+
 def outer_add(a: Tensor, b: Tensor) -> Tensor:
     return (a[:, None] + b[None, :]).reshape(-1)
 

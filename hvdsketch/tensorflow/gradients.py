@@ -182,11 +182,12 @@ class GradientExchange:
     def keeps_python_state(self) -> bool:
         """Whether the exchange keeps state between steps in Python, which a traced graph would freeze
         at its first values: residual memory, a method whose error feedback is its own (PowerSGD's
-        warm start and residuals, EF-SignSGD, DGC), the sketch sized anew every step; and under
+        warm start and residuals, EF-SignSGD, DGC), the sketch sized anew every step, a method sized on
+        the host between its rounds (``balanced``); and under
         Horovod elastic every exchange, since a graph would keep the world size it was traced in."""
         exchanger = self.exchanger
         return checkpoint.in_elastic_job() or exchanger.memory is not None or any(
-            c.feedback or (isinstance(c, SparseSketch) and not c.sized_in_advance)
+            c.feedback or c.host_sized or (isinstance(c, SparseSketch) and not c.sized_in_advance)
             for c in exchanger.policy.compressors().values())
 
     def _in_python(self, grads: list[Any], sources: Sequence[Any], *args: Any) -> list[Any]:

@@ -1,12 +1,15 @@
-"""The exact sparse methods, union and allgather: what they send, and when they go dense."""
+"""The exact sparse methods, union, allgather and balanced: what they send, and when they go dense."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
+from hvdsketch.ops import numpy as np_ops
+
 from hvdsketch.compress import RowSparse, TensorContext, create
 from hvdsketch.exchange import Flight
+from tests import exact_cases
 from tests.peer_cases import lockstep, reduce_in_process
 
 SHAPE = (5000, 16)
@@ -29,7 +32,7 @@ def run(flag, tensors, step=0, compressors=None):
     return lockstep(flights, lambda pending: [reduce_in_process(same) for same in zip(*pending)])
 
 
-@pytest.mark.parametrize("flag", ["union", "allgather"])
+@pytest.mark.parametrize("flag", ["union", "allgather", "balanced"])
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_equal_to_the_dense_average_and_stay_row_sparse(flag, size):
     tensors = [row_sparse(r, 40, repeat=2) for r in range(size)]
@@ -94,3 +97,75 @@ def test_union_error_above_one_sends_fewer_cells_than_the_union_and_keeps_what_i
         assert set(held["i"].tolist()) <= set(t.indices.tolist())
     with pytest.raises(ValueError, match="error must be > 1"):
         create("union:error=0.5")
+
+
+def simulate(flag, scenario, size, convert=np.asarray):
+    """Every rank's result and rank by rank messages of ``scenario`` exchanged in process."""
+    shape = exact_cases.SHAPE
+    flights = [Flight(create(flag), exact_cases.row_sparse(scenario, r, size, convert),
+                      TensorContext("emb", shape, 0, size, r)) for r in range(size)]
+    sent = [[] for _ in range(size)]
+    for r, f in enumerate(flights):  # record every rank's messages, not only rank 0's
+        exchange = f.advance
+
+        def advance(reduced, r=r, f=f, exchange=exchange):
+            sent[r].append(f.messages)
+            return exchange(reduced)
+        f.advance = advance
+    _, outs = lockstep(flights)
+    return outs, sent
+
+
+@pytest.mark.parametrize("flag", exact_cases.FLAGS)
+@pytest.mark.parametrize("scenario", exact_cases.SCENARIOS)
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_balanced_is_the_dense_average_in_every_scenario(flag, scenario, size):
+    outs, _ = simulate(flag, scenario, size)
+    truth = exact_cases.dense_average(scenario, size)
+    for out in outs:
+        assert isinstance(out, RowSparse)
+        np.testing.assert_array_equal(out.to_dense(), truth)
+
+
+@pytest.mark.parametrize("scenario", ["disjoint", "overlap", "one_empty", "union_is_every_row", "every_row_everywhere"])
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_balanced_sends_the_lower_bound_of_rows(scenario, size):
+    """Rows leaving the ranks, all together: sum over rows of (m - 1) in the alltoall (each owner
+    touched its rows) and (N - 1) u in the gather: N z + (N - 2) u, the bound times N."""
+    outs, sent = simulate("balanced", scenario, size)
+    width = exact_cases.SHAPE[1]
+    rows = [exact_cases.rows_of(scenario, r, size) for r in range(size)]
+    z, u = sum(map(len, rows)), len(np.unique(np.concatenate(rows)))
+    shipped = 0
+    for r in range(size):
+        alltoall, gather = sent[r][1][0], sent[r][2][0]
+        assert alltoall.op == "alltoall" and sum(alltoall.splits) == alltoall.tensor.size
+        shipped += (alltoall.tensor.size - alltoall.splits[r]) // width + (size - 1) * gather.tensor.size // width
+    assert shipped == z + (size - 2) * u
+    if scenario in ("overlap", "every_row_everywhere"):  # every rank owns u / N rows, give or take one
+        owned = [sent[r][2][0].tensor.size // width for r in range(size)]
+        assert max(owned) - min(owned) <= 1
+
+
+def test_balanced_codes_each_ranks_rows_as_the_smaller_of_bitmap_and_deltas():
+    from hvdsketch.compress import rowcode
+
+    # (units, n, header, bytes): 4 rows of 100000, gaps up to 691: 2-byte deltas, not 12500 bitmap bytes;
+    # every other row of 600: the 75-byte bitmap, not 300 one-byte deltas; no rows: no bytes
+    for units, n, header, size in [([3, 9, 700, 701], 100_000, (2, 4), 8), (range(0, 600, 2), 600, (0, 300), 75),
+                                   ([], 600, (1, 0), 0), ([0, 255, 511], 10_000, (2, 3), 6), ([0, 255], 10_000, (1, 2), 2)]:
+        units = np.array(list(units), np.int64)
+        got, code = rowcode.encode(np_ops, units, n)
+        assert (got, code.dtype, code.size, rowcode.size(*got, n)) == (header, np.uint8, size, size)
+        np.testing.assert_array_equal(rowcode.decode(np_ops, *got, code, n), units)
+
+
+def test_balanced_makes_every_tensor_on_the_gradients_device():
+    """With torch's default device 'meta', a tensor made without the gradient's device would not mix
+    with the CPU gradient: the exchange runs, and is exact."""
+    outs = None
+    with torch.device("meta"):
+        outs, _ = simulate("balanced:wire=float16", "union_is_every_row", 3, torch.from_numpy)
+    for out in outs:
+        assert out.values.device.type == "cpu"
+        np.testing.assert_array_equal(out.to_dense().numpy(), exact_cases.dense_average("union_is_every_row", 3))

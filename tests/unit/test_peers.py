@@ -86,6 +86,7 @@ def test_bad_options_raise_value_error_when_constructed_directly():
     ("powersgd", [[("average", "float32")], [("average", "float32")]]),
     ("union", [[("bor", "uint8")], [("average", "float32")]]),
     ("allgather", [[("allgather", "int32"), ("allgather", "float32")]]),
+    ("balanced", [[("allgather", "int64"), ("allgather", "uint8")], [("alltoall", "float32")], [("allgather", "float32")]]),
     ("sketch:density=0.1", [[("bor", "uint8"), ("average", "float32")]]),
 ])
 def test_each_method_declares_its_collectives(flag, rounds):

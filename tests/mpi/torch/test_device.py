@@ -27,7 +27,7 @@ VOCAB, WIDTH, TOKENS, CLASSES = 400, 8, 4, 5
 #: bandwidth given makes it choose compressors for the next steps, whatever latency the probe measures)
 AUTO = ["auto:warmup=1,bandwidth=10mbit,latency=100us", "auto:warmup=1,bandwidth=100kbit"]
 COMPRESSIONS = ["none", "fp16", "sketch", "sketch:density=0.2", "topk:ratio=0.1", "randomk:ratio=0.1",
-                "dgc:ratio=0.1", "qsgd", "terngrad", "efsignsgd", "powersgd", *AUTO]
+                "dgc:ratio=0.1", "qsgd", "terngrad", "efsignsgd", "powersgd", "balanced", *AUTO]
 MEMORIES = [None, "fp32", "fp16", "bf16", "topk", "sketch", "shared", "offload", "plan:budget=0.5,warmup=1"]
 
 
