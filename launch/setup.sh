@@ -42,10 +42,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # pip's own chatter only: the warnings of what it installs are left alone (horovodrun below, training)
 quiet() { PYTHONWARNINGS=ignore "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; return "${PIPESTATUS[0]}"; }
 
-step "PyTorch $TORCH_VERSION, TensorFlow $TF_VERSION and Python dependencies"
+step "PyTorch $TORCH_VERSION, TensorFlow $TF_VERSION, hvdsketch (editable) and its extras lab and test"
+# hvdsketch's own dependencies come from setup.cfg (the package's extras), the one list of them;
+# pinned here: the frameworks Horovod is built against, cmake to build it, and Horovod's own
+# dependencies (its wheel is installed without them below).
 quiet $PIP install -q --upgrade pip setuptools wheel
-quiet $PIP install -q "torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "tf-keras==$TF_KERAS_VERSION" \
-  mpi4py numpy PyYAML pytest pytest-timeout hypothesis tqdm matplotlib "cmake>=3.13,<4" packaging psutil cloudpickle
+quiet $PIP install -q --no-build-isolation "torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" \
+  "tf-keras==$TF_KERAS_VERSION" "cmake>=3.13,<4" cloudpickle psutil PyYAML packaging -e "$ROOT[lab,test]"
 
 step "Horovod $HOROVOD_VERSION wheel ($KEY)"
 if ! ls "$WHEELDIR"/horovod-*.whl >/dev/null 2>&1; then
@@ -68,10 +71,9 @@ if ! ls "$WHEELDIR"/horovod-*.whl >/dev/null 2>&1; then
   cp "$BUILD"/dist/horovod-*.whl "$WHEELDIR"/
   rm -rf "$BUILD"
 fi
-quiet $PIP install -q --no-deps --force-reinstall "$WHEELDIR"/horovod-*.whl
-
-step "hvdsketch (editable)"
-quiet $PIP install -q --no-build-isolation --no-deps -e "$ROOT"
+# once per version key: a venv stamped for this key has this wheel already (a rerun after an edit
+# of setup.cfg or of this script leaves it, and the processes using it, alone)
+[ -f "$STAMP" ] || quiet $PIP install -q --no-deps --force-reinstall "$WHEELDIR"/horovod-*.whl
 
 step "horovodrun --check-build"
 CHECK=$(TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/horovodrun" --check-build 2>/dev/null)
