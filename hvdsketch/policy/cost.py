@@ -97,6 +97,31 @@ def union_bytes(shape: Sequence[int], itemsize: int, union_units: float, size: i
             + ring_allreduce_bytes(units * layout.unit_len * itemsize, size))
 
 
+def lower_bound(rows: int, row_bytes: int, touched: float, union: float, size: int) -> tuple[float, float]:
+    """``(values, index)``: the fewest bytes one rank sends, on average, in any exact exchange of a
+    row-sparse gradient of ``rows`` rows of ``row_bytes`` whose ranks touch ``touched`` rows each on
+    average and ``union`` rows together: ``row_bytes * (z + (N - 2) u / N)`` of values (a row ``m``
+    ranks touched needs ``m - 1`` transfers to be summed and ``N - 1`` to reach every rank), and
+    the union's index, a bitmap of ``rows`` bits or its ``u`` sorted rows at ``log2(rows / u)`` bits
+    each, whichever is smaller (DESIGN.md, "Exact sparse exchange and its lower bound")."""
+    if size <= 1:
+        return 0.0, 0.0
+    values = row_bytes * (touched + (size - 2) * union / size)
+    index = min(rows / 8, union * math.log2(rows / union) / 8) if union else 0.0
+    return values, index
+
+
+def balanced_bytes(shape: Sequence[int], itemsize: int, touched: float, union: float, size: int,
+                   block: int, index_itemsize: float = 2.0) -> float:
+    """Bytes one rank sends, on average, in the ``balanced`` method: its rows' code allgathered
+    (deltas of ``index_itemsize`` bytes, or the bitmap if smaller, and a 16-byte header), then the
+    bound's values (each row's owner touched it, so its own copy stays home)."""
+    layout = Layout.of(shape, block)
+    code = min(-(-layout.units // 8), touched * index_itemsize) + 16
+    values, _ = lower_bound(layout.units, layout.unit_len * itemsize, touched, union, size)
+    return (size - 1) * code + values
+
+
 def dense_bytes(shape: Sequence[int], itemsize: int, size: int) -> int:
     """Bytes one rank sends to allreduce a dense tensor of ``shape``."""
     return ring_allreduce_bytes(math.prod(shape) * itemsize, size)

@@ -17,7 +17,11 @@ barrier and exchange that one tensor:
 
 A step's time is the slowest rank's; the JSON has each entry's median over
 the steps after one warm-up step, bytes per step (this rank's counters,
-Horovod's ring model) and the time against ``--baseline``. Training is not
+Horovod's ring model) and the time against ``--baseline``. Beside them, the
+lower bound of any exact exchange of the step's gradient
+(:func:`hvdsketch.policy.cost.lower_bound`), from its real ``z`` (rows a rank
+touched, the mean over ranks) and ``u`` (their union), and each entry's bytes
+over it. Training is not
 part of it: the weights stay at their initial values, and only the
 gradient's values and support matter here.
 """
@@ -77,6 +81,18 @@ def _exchangers(entries: list[Any], param: Any, name: str, hvd: Any) -> dict[str
     return out
 
 
+def support(grad: Any, hvd: Any) -> tuple[float, int]:
+    """``(z, u)`` of a gradient: rows this rank touched, averaged over the ranks, and the union's
+    rows (an allgather of each rank's rows, outside every entry's counters)."""
+    import torch
+
+    rows = (grad.coalesce()._indices()[0] if grad.is_sparse else
+            torch.nonzero(grad.reshape(grad.shape[0], -1).abs().sum(dim=1)).reshape(-1))
+    touched = hvd.allreduce(torch.tensor([float(rows.numel())]), op=hvd.Average, name="probe.z").item()
+    union = torch.unique(hvd.allgather(rows.to(torch.int64), name="probe.u")).numel()
+    return touched, union
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Run the probe on this rank; every rank returns the same table."""
     import horovod.torch as hvd
@@ -85,6 +101,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from hvdsketch.lab.bench.matrix import Entry
     from hvdsketch.lab.config import TrainConfig
     from hvdsketch.lab.workloads import get
+    from hvdsketch.policy.cost import lower_bound
 
     hvd.init()
     torch.set_num_threads(max(1, torch.get_num_threads() // hvd.local_size()))
@@ -104,12 +121,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     runs = _exchangers(entries, param, args.tensor, hvd)
     times: dict[str, list[float]] = {label: [] for label in runs}
     batches = workload.train_batches(0, hvd.rank(), hvd.size())
+    bounds: list[tuple[float, float, float, int]] = []  # (values, index, z, u) per timed step
+    row_bytes = param[0].numel() * param.element_size()
     for step, batch in zip(range(WARMUP + args.steps), batches):
         model.zero_grad(set_to_none=True)
         workload.loss(model, batch).backward()
         if step == WARMUP:
             for _, stats in runs.values():
                 stats.reset()
+        if step >= WARMUP:
+            touched, union = support(param.grad, hvd)
+            bounds.append((*lower_bound(param.shape[0], row_bytes, touched, union, hvd.size()), touched, union))
         labels = list(runs)
         for label in labels[step % len(labels):] + labels[:step % len(labels)]:
             hvd.barrier()
@@ -121,11 +143,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 times[label].append(slowest)
     steps = max(len(next(iter(times.values()))), 1)
     base = statistics.median(times[args.baseline])
+    values, index, touched, union = (statistics.mean(column) for column in zip(*bounds))
     rows = [{"label": e.label, "exchange_s": statistics.median(times[e.label]),
              "vs_baseline": statistics.median(times[e.label]) / base,
-             "bytes_sent_per_step": runs[e.label][1].bytes_sent / steps} for e in entries]
+             "bytes_sent_per_step": runs[e.label][1].bytes_sent / steps,
+             "vs_bound": runs[e.label][1].bytes_sent / steps / (values + index) if values + index else None}
+            for e in entries]
     return {"workload": str(workload), "tensor": args.tensor, "shape": list(param.shape), "size": hvd.size(),
-            "steps": steps, "baseline": args.baseline, "rows": rows}
+            "steps": steps, "baseline": args.baseline, "rows": rows,
+            "bound": {"values_bytes": values, "index_bytes": index, "z": touched, "u": union}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,9 +161,14 @@ def run(args: argparse.Namespace) -> int:
     if hvd.rank() == 0:
         print(f"hvdsketch bench exchange: {result['tensor']} {tuple(result['shape'])}, {result['size']} ranks, "
               f"median of {result['steps']} steps")
+        bound = result["bound"]
+        total = bound["values_bytes"] + bound["index_bytes"]
         for r in result["rows"]:
             print(f"  {r['label']:<20} {1e3 * r['exchange_s']:9.1f} ms  {r['vs_baseline']:6.2f}x {args.baseline}  "
-                  f"{r['bytes_sent_per_step'] / 1e6:9.3f} MB/step", flush=True)
+                  f"{r['bytes_sent_per_step'] / 1e6:9.3f} MB/step  {r['vs_bound'] or 0:6.2f}x bound", flush=True)
+        print(f"  {'bound':<20} {'':>12}  {'':>6}  {'':>{len(args.baseline) + 1}}  {total / 1e6:9.3f} MB/step  "
+              f"(values {bound['values_bytes'] / 1e6:.3f} + index {bound['index_bytes'] / 1e6:.4f}; "
+              f"z {bound['z']:.0f}, u {bound['u']:.0f} rows)", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
