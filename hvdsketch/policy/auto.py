@@ -61,12 +61,13 @@ from typing import Any, ClassVar, Sequence
 from hvdsketch import spec as _spec
 from hvdsketch.collectives import Communicator, reduce, side_channel
 from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext
+from hvdsketch.compress.balanced import Balanced
 from hvdsketch.compress.union import Union
 from hvdsketch.memory.stores import flag
 from hvdsketch.ops import backend
 from hvdsketch.policy.base import CompressorPool, Policy, announce
-from hvdsketch.policy.cost import (BLOCK, Link, Measurement, densities, measure, parse_bandwidth, parse_latency,
-                                   union_bytes, values_of)
+from hvdsketch.policy.cost import (BLOCK, Link, Measurement, balanced_bytes, densities, measure, parse_bandwidth,
+                                   parse_latency, union_bytes, values_of)
 from hvdsketch.policy.probe import probe
 from hvdsketch.policy.table import Assignment
 
@@ -208,7 +209,7 @@ class AutoPolicy(Policy):
         if dtype in ("float32", "float64"):
             found.append(self._pool.get("fp16"))
         if not traced and union < 1:
-            found += [self._pool.get("allgather"), self._pool.get("union")]
+            found += [self._pool.get("allgather"), self._pool.get("union"), self._pool.get("balanced")]
         ratio = _round_up(max(element * self.options.headroom, 1 / numel))
         if ratio < 1 and not (row_sparse and not traced):
             found.append(self._pool.get(f"topk:ratio={ratio}"))
@@ -230,12 +231,12 @@ class AutoPolicy(Policy):
         (gathered,) = reduce(side, [Message(ops.constant(stats, "float64", like), "allgather")], "hvdsketch.auto.stats")
         # every rank reduces the same gathered numbers in the same order: the same candidates everywhere
         per_rank = ops.to_numpy(gathered).reshape(side.size, len(contexts), 2)
-        element, union = per_rank[..., 0].max(axis=0), per_rank[..., 1].sum(axis=0)
+        element, union, touched = per_rank[..., 0].max(axis=0), per_rank[..., 1].sum(axis=0), per_rank[..., 1].mean(axis=0)
         options = [self.candidates(ctx.shape, ops.dtype_name(values_of(t)), float(e), float(u), traced,
                                    isinstance(t, RowSparse)) for t, ctx, e, u in zip(tensors, contexts, element, union)]
         ring_bor = getattr(side, "ring_bor", False)
-        local = [[self._measure(c, t, ctx, float(u), ring_bor) for c in cands]
-                 for t, ctx, cands, u in zip(tensors, contexts, options, union)]
+        local = [[self._measure(c, t, ctx, float(u), float(z), ring_bor=ring_bor) for c in cands]
+                 for t, ctx, cands, u, z in zip(tensors, contexts, options, union, touched)]
         flat = [link.latency, 1 / link.bandwidth] + [x for ms in local for m in ms for x in (m.compute, m.wire)]
         (worst,) = reduce(side, [Message(ops.constant(flat, "float64", like), "max")], "hvdsketch.auto.costs")
         worst = [float(x) for x in ops.to_numpy(worst)]
@@ -254,16 +255,22 @@ class AutoPolicy(Policy):
                               f"latency {link.latency * 1e3:.3g} ms (decided after step {self._calls - 1})", side)
 
     @staticmethod
-    def _measure(compressor: Compressor, tensor: Any, ctx: TensorContext, union: float, ring_bor: bool) -> Measurement:
-        """The candidate measured on this rank; the union method's bytes from the union bound (one
-        rank's run sees only its own units)."""
+    def _measure(compressor: Compressor, tensor: Any, ctx: TensorContext, union: float, touched: float | None = None,
+                 ring_bor: bool = False) -> Measurement:
+        """The candidate measured on this rank; the union and balanced methods' bytes from the union
+        bound and the ranks' mean unit density ``touched`` (default: the union bound's share of a
+        rank; one rank's run sees only its own units)."""
         measured = measure(compressor, tensor, ctx, ring_bor=ring_bor)
-        if not isinstance(compressor, Union):
+        if not isinstance(compressor, (Union, Balanced)):
             return measured
         values = values_of(tensor)
         itemsize = backend(values).nbytes(values) // max(1, math.prod(backend(values).shape(values)))
-        units = min(1.0, union) * (ctx.shape[0] if len(ctx.shape) > 1 else math.ceil(math.prod(ctx.shape) / BLOCK))
-        wire = union_bytes(ctx.shape, itemsize, units, ctx.world_size, compressor.block, ring_bor)
+        all_units = ctx.shape[0] if len(ctx.shape) > 1 else math.ceil(math.prod(ctx.shape) / BLOCK)
+        units = min(1.0, union) * all_units
+        wire = (union_bytes(ctx.shape, itemsize, units, ctx.world_size, compressor.block, ring_bor)
+                if isinstance(compressor, Union) else
+                int(balanced_bytes(ctx.shape, itemsize, (union / ctx.world_size if touched is None else touched)
+                                   * all_units, units, ctx.world_size, compressor.block)))
         return Measurement(measured.compute, wire, measured.calls)
 
     def choose(self, measured: Sequence[Measurement], link: Link) -> int:

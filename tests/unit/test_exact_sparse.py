@@ -169,3 +169,27 @@ def test_balanced_makes_every_tensor_on_the_gradients_device():
     for out in outs:
         assert out.values.device.type == "cpu"
         np.testing.assert_array_equal(out.to_dense().numpy(), exact_cases.dense_average("union_is_every_row", 3))
+
+
+def test_auto_prices_balanced_at_the_bound_plus_its_index_and_picks_it_where_it_sends_least():
+    """4 ranks, 40 rows of 4000 each, at most 160 in the union: balanced sends the bound's values,
+    z + (N - 2) u / N rows, plus its rows' code (2-byte deltas, a 16-byte header) to 3 ranks; on a
+    slow link that is the fewest bytes of the exact candidates, so auto takes it."""
+    from hvdsketch.policy.auto import AutoPolicy
+    from hvdsketch.policy.cost import Link, lower_bound
+
+    rng = np.random.default_rng(0)
+    rows = np.sort(rng.choice(4000, 40, replace=False))
+    g = RowSparse(rows, rng.standard_normal((40, 64)).astype(np.float32), (4000, 64))
+    policy, ctx = AutoPolicy(), TensorContext("g", (4000, 64), 0, 4)
+    measured = policy._measure(create("balanced"), g, ctx, union=0.04, touched=0.01)
+    values, _ = lower_bound(4000, 64 * 4, 40, 160, 4)
+    assert values == 64 * 4 * (40 + 2 * 160 / 4)
+    assert measured.wire == int(values + 3 * (40 * 2 + 16))
+    candidates = policy.candidates((4000, 64), "float32", 0.01, 0.04, row_sparse=True)
+    assert "balanced" in [str(c) for c in candidates]
+    wires = {str(c): policy._measure(c, g, ctx, union=0.04, touched=0.01).wire for c in candidates}
+    assert wires["balanced"] < min(wires["allgather"], wires["union"])
+    costs = [policy._measure(c, g, ctx, union=0.04, touched=0.01) for c in candidates]
+    slow = Link(latency=0.0, bandwidth=1e3)  # bytes dominate every compute time
+    assert str(candidates[policy.choose(costs, slow)]) == "balanced"
