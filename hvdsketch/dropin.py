@@ -27,8 +27,10 @@ object infers both, alike on every rank: a step is a run of ``compress`` calls
 gradients of one shape in the same order). So hash seeds change every step and
 tensors of one shape keep their own state (the sketch's planned size: an
 embedding and an output layer of one shape are sized apart). Inside
-``tf.function`` the call is traced once, so the traced graph keeps the step
-and plan of its tracing.
+``tf.function`` the call is traced once, so the traced graph keeps the plan of
+its tracing, and its hashes are those of step 0 whenever it is traced: a trace
+is no step, so a rank that traces again alone (a smaller last batch) builds the
+same graph as the ranks that do not, as hvdsketch's own tape does.
 """
 from __future__ import annotations
 
@@ -86,15 +88,16 @@ class DropInCompression:
         shape = ops.shape(tensor)
         if not ops.is_floating(tensor) or 0 in shape:
             return tensor, None
-        if self._decompressed:
-            self.step, self._decompressed = self.step + 1, False
+        traced = ops.is_symbolic(tensor)
+        if self._decompressed:  # a new step, or a new trace, which is no step
+            self.step, self._decompressed = self.step + (not traced), False
             self._of_shape.clear()
         k = self._of_shape.get(shape, 0)
         self._of_shape[shape] = k + 1
         given, carried = tensor, CARRIED_AS.get(ops.dtype_name(tensor))
         if carried:
             tensor = ops.cast(tensor, carried)
-        ctx = TensorContext(name=f"shape{shape}#{k}", shape=shape, step=self.step)
+        ctx = TensorContext(name=f"shape{shape}#{k}", shape=shape, step=0 if traced else self.step)
         flight = Flight(self.compressor, tensor, ctx)
         (message,) = flight.messages
         payload = message.tensor
