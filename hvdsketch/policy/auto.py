@@ -269,8 +269,9 @@ class AutoPolicy(Policy):
         units = min(1.0, union) * all_units
         wire = (union_bytes(ctx.shape, itemsize, units, ctx.world_size, compressor.block, ring_bor)
                 if isinstance(compressor, Union) else
-                int(balanced_bytes(ctx.shape, itemsize, (union / ctx.world_size if touched is None else touched)
-                                   * all_units, units, ctx.world_size, compressor.block)))
+                int(balanced_bytes(all_units, itemsize * math.prod(ctx.shape) // all_units,
+                                   (union / ctx.world_size if touched is None else touched) * all_units, units,
+                                   ctx.world_size)))
         return Measurement(measured.compute, wire, measured.calls)
 
     def choose(self, measured: Sequence[Measurement], link: Link) -> int:

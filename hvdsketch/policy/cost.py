@@ -111,15 +111,25 @@ def lower_bound(rows: int, row_bytes: int, touched: float, union: float, size: i
     return values, index
 
 
-def balanced_bytes(shape: Sequence[int], itemsize: int, touched: float, union: float, size: int,
-                   block: int, index_itemsize: float = 2.0) -> float:
-    """Bytes one rank sends, on average, in the ``balanced`` method: its rows' code allgathered
-    (deltas of ``index_itemsize`` bytes, or the bitmap if smaller, and a 16-byte header), then the
-    bound's values (each row's owner touched it, so its own copy stays home)."""
-    layout = Layout.of(shape, block)
-    code = min(-(-layout.units // 8), touched * index_itemsize) + 16
-    values, _ = lower_bound(layout.units, layout.unit_len * itemsize, touched, union, size)
-    return (size - 1) * code + values
+def code_bytes(units: int, touched: float) -> float:
+    """Bytes of a rank's rows coded as :mod:`hvdsketch.compress.rowcode` would, expected for
+    ``touched`` rows spread over ``units``: the bitmap, or deltas as wide as the largest gap, about
+    ``units / touched * ln(touched)`` for rows drawn at random, needs; whichever is smaller."""
+    if touched < 1:
+        return 0.0
+    gap = units / touched * max(1.0, math.log(touched))
+    width = next(w for w in (1, 2, 4, 8) if w == 8 or gap < 256 ** w)
+    return min(-(-units // 8), touched * width)
+
+
+def balanced_bytes(units: int, unit_bytes: int, touched: float, union: float, size: int,
+                   code: float | None = None, header: int = 16) -> float:
+    """Bytes one rank sends, on average, in the ``balanced`` method: its rows' code (``code`` bytes,
+    else :func:`code_bytes`) and ``header`` bytes to every other rank (16 over Horovod: the
+    two-number header; 80 over the MPI layer, whose allgathervs and alltoallv add 16-byte headers
+    of their own), then the bound's values (each row's owner touched it: its copy stays home)."""
+    values, _ = lower_bound(units, unit_bytes, touched, union, size)
+    return (size - 1) * (header + (code_bytes(units, touched) if code is None else code)) + values
 
 
 def dense_bytes(shape: Sequence[int], itemsize: int, size: int) -> int:

@@ -254,8 +254,9 @@ import torch
 from hvdsketch.lab.bench import scaling
 from hvdsketch.collectives.mpi import MPICommunicator
 from hvdsketch.collectives.sparse import SparseVector, isparcml_allreduce
-from hvdsketch.compress import RowSparse, TensorContext, create
+from hvdsketch.compress import RowSparse, TensorContext, create, rowcode
 from hvdsketch.exchange import Exchanger
+from hvdsketch.ops import numpy as np_ops
 from hvdsketch.policy import Fixed
 
 R, W = 1001, 6
@@ -265,7 +266,7 @@ k = 40 + 7 * comm.rank
 rows = np.sort(rng.choice(R, k, replace=False))
 g = RowSparse(torch.from_numpy(rows), torch.from_numpy(rng.standard_normal((k, W)).astype(np.float32) + 3), (R, W))
 sent = {}
-for flag in ("none", "allgather", "union", "sketch:density=0.25"):
+for flag in ("none", "allgather", "union", "balanced", "sketch:density=0.25"):
     exchanger = Exchanger(Fixed(create(flag)), comm)
     exchanger.exchange({"emb": g})  # the sketch sized from density: 0.25 R rows
     before = sum(c["bytes_sent"] for c in comm.stats.snapshot().values())
@@ -275,7 +276,8 @@ union = int(np.unique(np.concatenate(comm.comm.allgather(rows))).size)
 dense = g.to_dense().numpy().reshape(-1)
 isparcml_allreduce(comm, SparseVector.from_dense(dense)).wait()
 sent["sparcml"] = comm.stats.snapshot()["sparcml"]["bytes_sent"]
-counts = comm.comm.gather((sent, k, union, comm.comm.allgather(rows.tolist())), root=0)
+code = int(rowcode.encode(np_ops, rows.astype(np.int64), R)[1].size)
+counts = comm.comm.gather((sent, k, union, comm.comm.allgather(rows.tolist()), code), root=0)
 if comm.rank == 0:
     print("RESULT " + json.dumps(counts))
 """
@@ -301,6 +303,9 @@ def test_byte_formulas_match_the_mpi_counters(tmp_path):
     assert sent["none"] - tag == pytest.approx(scaling.dense_bytes(n, 1001, 6))
     assert sent["allgather"] - tag == pytest.approx(scaling.allgather_bytes(n, k, 6))
     assert sent["union"] - tag == pytest.approx(scaling.union_bytes(n, 1001, union, 6))
+    code = np.mean([c[4] for c in counts])  # each rank's rows as deltas or bitmap, whichever is smaller
+    assert sent["balanced"] - tag == pytest.approx(scaling.balanced_bytes(n, 1001, k, union, 6, code=code))
+    assert sent["balanced"] - tag < 1.1 * scaling.bound_bytes(n, 1001, k, union, 6)
     assert sent["sketch:density=0.25"] - tag == pytest.approx(scaling.sketch_bytes(n, 1001, 251, 6, 0.5))
     rows = [set(r) for r in counts[0][3]]  # recursive doubling: round 0 each rank's rows, round 1 a pair's
     pair = np.mean([len(rows[0] | rows[1]), len(rows[2] | rows[3])])

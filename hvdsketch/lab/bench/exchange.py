@@ -17,7 +17,8 @@ barrier and exchange that one tensor:
 
 A step's time is the slowest rank's; the JSON has each entry's median over
 the steps after one warm-up step, bytes per step (this rank's counters,
-Horovod's ring model) and the time against ``--baseline``. Beside them, the
+Horovod's ring model; their mean and maximum over the ranks) and the time
+against ``--baseline``. Beside them, the
 lower bound of any exact exchange of the step's gradient
 (:func:`hvdsketch.policy.cost.lower_bound`), from its real ``z`` (rows a rank
 touched, the mean over ranks) and ``u`` (their union), and each entry's bytes
@@ -144,11 +145,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     steps = max(len(next(iter(times.values()))), 1)
     base = statistics.median(times[args.baseline])
     values, index, touched, union = (statistics.mean(column) for column in zip(*bounds))
+    sent = torch.tensor([runs[e.label][1].bytes_sent / steps for e in entries], dtype=torch.float64)
+    mean = hvd.allreduce(sent, op=hvd.Average, name="probe.bytes.mean").tolist()
+    most = hvd.allreduce(sent, op=hvd.Max, name="probe.bytes.max").tolist()
     rows = [{"label": e.label, "exchange_s": statistics.median(times[e.label]),
              "vs_baseline": statistics.median(times[e.label]) / base,
              "bytes_sent_per_step": runs[e.label][1].bytes_sent / steps,
-             "vs_bound": runs[e.label][1].bytes_sent / steps / (values + index) if values + index else None}
-            for e in entries]
+             "mean_bytes_sent_per_step": mean[i], "max_bytes_sent_per_step": most[i],
+             "vs_bound": mean[i] / (values + index) if values + index else None}
+            for i, e in enumerate(entries)]
     return {"workload": str(workload), "tensor": args.tensor, "shape": list(param.shape), "size": hvd.size(),
             "steps": steps, "baseline": args.baseline, "rows": rows,
             "bound": {"values_bytes": values, "index_bytes": index, "z": touched, "u": union}}
@@ -165,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
         total = bound["values_bytes"] + bound["index_bytes"]
         for r in result["rows"]:
             print(f"  {r['label']:<20} {1e3 * r['exchange_s']:9.1f} ms  {r['vs_baseline']:6.2f}x {args.baseline}  "
-                  f"{r['bytes_sent_per_step'] / 1e6:9.3f} MB/step  {r['vs_bound'] or 0:6.2f}x bound", flush=True)
+                  f"{r['mean_bytes_sent_per_step'] / 1e6:9.3f} MB/step (mean; max {r['max_bytes_sent_per_step'] / 1e6:.3f})"
+                  f"  {r['vs_bound'] or 0:6.2f}x bound", flush=True)
         print(f"  {'bound':<20} {'':>12}  {'':>6}  {'':>{len(args.baseline) + 1}}  {total / 1e6:9.3f} MB/step  "
               f"(values {bound['values_bytes'] / 1e6:.3f} + index {bound['index_bytes'] / 1e6:.4f}; "
               f"z {bound['z']:.0f}, u {bound['u']:.0f} rows)", flush=True)

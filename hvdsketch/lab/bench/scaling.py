@@ -25,6 +25,12 @@ allreduce of ``x`` bytes::
     allgather-fp16  the same, values as float16                         (N-1) (32 + k (4 + 2 w))
     union           OR of the packed row bitmap (a ring), then the union's rows (OmniReduce)
                                                                         r(ceil(R/8)) + r(U w 4)
+    balanced        every rank's rows coded (bitmap or deltas, c bytes) allgathered, then each row
+                    summed by one of the ranks that touched it (alltoall), the sums allgathered;
+                    80 bytes of headers per peer (policy/cost.py's balanced_bytes)
+                                                                        (N-1) (80 + c) + (k + (N-2) U / N) w 4
+    bound           what any exact method sends at least: values (k + (N-2) U / N) w 4, plus the
+                    union's index, min(R, U log2(R / U)) / 8 (policy/cost.py's lower_bound)
     sparcml         SparCML's recursive doubling (collectives/sparse.py) of (int64 index, value)
                     pairs, one per element, with a 24-byte header; round j's partial sums cover
                     U(2^j) rows (dense once that is no smaller)
@@ -40,7 +46,8 @@ do. **Time** per step is ``steps x latency + bytes / bandwidth + codec``:
 ``steps`` the sequential message steps of the collectives (a ring allreduce
 ``2 (N-1)``, a ring allgatherv ``2 (N-1)`` with its header ring, as Horovod's
 allgather first gathers every rank's size, recursive
-doubling ``2 log2 N``, a method's dependent rounds added), latency and
+doubling ``2 log2 N``, an alltoall ``N - 1``, a method's dependent rounds added;
+the bound's time is its bytes over the bandwidth alone), latency and
 bandwidth from ``--latency`` and ``--bandwidth``, ``codec`` the compressor's
 compress and decompress measured on this machine on a row-sparse gradient of
 the tensor's shape holding the union's rows (the allgather: every rank's rows,
@@ -65,14 +72,17 @@ import numpy as np
 
 from hvdsketch.compress import sizing
 from hvdsketch.lab.bench import report
+from hvdsketch.policy import cost
 
-ALGORITHMS = ("dense", "horovod-sparse", "allgather", "allgather-fp16", "union", "sparcml", "sketch", "sketch-ef",
-              "union-sketch")
+ALGORITHMS = ("dense", "horovod-sparse", "allgather", "allgather-fp16", "union", "balanced", "sparcml", "sketch",
+              "sketch-ef", "union-sketch")
 #: The algorithms whose average is exact (the others err, by design, and lean on error feedback).
-EXACT = ("dense", "horovod-sparse", "allgather", "union", "sparcml")
+EXACT = ("dense", "horovod-sparse", "allgather", "union", "balanced", "sparcml")
+#: Columns of the tables: every algorithm, then the lower bound of the exact ones.
+COLUMNS = (*ALGORITHMS, "bound")
 #: The compressor flag whose codec each algorithm's time includes (``None``: none).
 FLAGS = {"dense": None, "horovod-sparse": "allgather", "allgather": "allgather", "allgather-fp16": "allgather:wire=float16",
-         "union": "union", "sparcml": "union", "sketch": "sketch", "sketch-ef": "sketch:error=1,wire=float16",
+         "union": "union", "balanced": "balanced", "sparcml": "union", "sketch": "sketch", "sketch-ef": "sketch:error=1,wire=float16",
          "union-sketch": "union:error=2,wire=float16"}
 HEADER_BYTES = 16  # allgatherv's per-rank header: row count and a digest
 SPARCML_HEADER = 24  # recursive doubling's header: count, size, dtype digest
@@ -102,6 +112,17 @@ def bitmap_bytes(n: int, rows: int) -> float:
 
 def union_bytes(n: int, rows: int, union_rows: float, width: int, itemsize: int = 4) -> float:
     return bitmap_bytes(n, rows) + ring(n, union_rows * width * itemsize)
+
+
+def balanced_bytes(n: int, rows: int, nnz_rows: float, union_rows: float, width: int, itemsize: int = 4,
+                   code: float | None = None) -> float:
+    """The balanced method over the MPI layer (its allgathervs' and alltoallv's headers counted)."""
+    return cost.balanced_bytes(rows, width * itemsize, nnz_rows, union_rows, n, code, header=5 * HEADER_BYTES)
+
+
+def bound_bytes(n: int, rows: int, nnz_rows: float, union_rows: float, width: int, itemsize: int = 4) -> float:
+    """The lower bound of any exact exchange: its values and the union's index."""
+    return sum(cost.lower_bound(rows, width * itemsize, nnz_rows, union_rows, n))
 
 
 def sparcml_bytes(n: int, rows: int, width: int, union_of: Callable[[int], float], itemsize: int = 4) -> float:
@@ -135,7 +156,8 @@ def steps_of(algorithm: str, n: int) -> int:
     """Sequential message steps of an algorithm's collectives at N ranks (dependent rounds added)."""
     ring_steps = 2 * (n - 1)
     return {"dense": ring_steps, "horovod-sparse": ring_steps, "allgather": ring_steps, "allgather-fp16": ring_steps,
-            "union": 2 * ring_steps, "sparcml": 2 * int(math.log2(n)), "sketch": ring_steps,
+            "union": 2 * ring_steps, "balanced": 2 * ring_steps + n - 1, "sparcml": 2 * int(math.log2(n)),
+            "sketch": ring_steps,
             "sketch-ef": ring_steps, "union-sketch": 2 * ring_steps}[algorithm]
 
 
@@ -252,6 +274,7 @@ def model(s: Supports, error: float, sketch_rows: int, wire: int, latency: float
                   "allgather": allgather_bytes(n, k, s.width),
                   "allgather-fp16": allgather_bytes(n, k, s.width, 2),
                   "union": union_bytes(n, s.rows, union, s.width),
+                  "balanced": balanced_bytes(n, s.rows, k, union, s.width),
                   "sparcml": sparcml_bytes(n, s.rows, s.width, lambda m: s.union.get(m, k) if m > 1 else k),
                   "sketch": sketch_bytes(n, s.rows, bound, s.width, error, sketch_rows, wire),
                   "sketch-ef": sketch_bytes(n, s.rows, bound, s.width, 1.0, 1, 2),
@@ -262,6 +285,8 @@ def model(s: Supports, error: float, sketch_rows: int, wire: int, latency: float
             compute = codec(flag, min(s.rows, round(union)), gathered) if codec and flag else 0.0
             seconds = steps_of(a, n) * latency + values[a] / bandwidth + compute
             points.append(Point(s.workload, s.tensor, n, a, values[a], seconds, compute))
+        bound = bound_bytes(n, s.rows, k, union, s.width)
+        points.append(Point(s.workload, s.tensor, n, "bound", bound, bound / bandwidth))
     return points
 
 
@@ -283,11 +308,11 @@ def winners(points: Sequence[Point], among: Sequence[str] = ALGORITHMS, key: str
 
 
 def table(s: Supports, points: Sequence[Point], key: str, unit: str, scale: float) -> str:
-    headers = ["ranks", "union rows", *(f"{a} {unit}" for a in ALGORITHMS), "best exact"]
+    headers = ["ranks", "union rows", *(f"{a} {unit}" for a in COLUMNS), "best exact"]
     rows = []
     for n in sorted({p.ranks for p in points}):
         mine = {p.algorithm: getattr(p, key) for p in points if p.ranks == n}
-        rows.append([str(n), f"{s.union[n]:.0f}", *(report.number(mine[a] * scale, 4) for a in ALGORITHMS),
+        rows.append([str(n), f"{s.union[n]:.0f}", *(report.number(mine[a] * scale, 4) for a in COLUMNS),
                      min(EXACT, key=mine.get)])
     return report.markdown(headers, rows)
 
@@ -350,8 +375,8 @@ def run(args: argparse.Namespace) -> int:
                         f"\n\nSeconds per step (latency steps + bytes / bandwidth + codec measured here):\n\n"
                         f"{table(s, points, 'seconds', 'ms', 1e3)}\n\nFastest, {ranges('seconds')}.")
         name = f"{s.workload} {s.tensor}"
-        panels[name] = {a: [(p.ranks, p.bytes_per_rank / 1e6) for p in points if p.algorithm == a] for a in ALGORITHMS}
-        times[name] = {a: [(p.ranks, p.seconds * 1e3) for p in points if p.algorithm == a] for a in ALGORITHMS}
+        panels[name] = {a: [(p.ranks, p.bytes_per_rank / 1e6) for p in points if p.algorithm == a] for a in COLUMNS}
+        times[name] = {a: [(p.ranks, p.seconds * 1e3) for p in points if p.algorithm == a] for a in COLUMNS}
     text = (f"Sketch sized at {args.sketch_error:g} relative L2 error, {args.sketch_rows} row(s), "
             f"{args.sketch_wire} cells (sketch-ef: error 1, float16 cells; union-sketch: error 2, float16 cells); "
             f"bytes are the mean per rank; times at {args.bandwidth} per rank and {args.latency} per message step"
