@@ -125,7 +125,11 @@ class Balanced(Compressor):
         if ops.is_symbolic(values):
             raise ValueError("hvdsketch: balanced sizes its rounds on the host from the ranks' rows; it cannot "
                              "be traced into a graph (hvdsketch's tape runs it as a Python op inside tf.function)")
-        owners = Owners.agree(ops, self.decompress((yield Round(messages)), None, ctx), layout.units)
+        rows_of = self.decompress((yield Round(messages)), None, ctx)
+        # the ranks whose rows came back: all of them, or this one alone where an exchange is run over
+        # this rank by itself (a cost measurement's run_local), which is then rank 0 of 1
+        world, rank = (len(rows_of), ctx.rank) if len(rows_of) == ctx.world_size else (1, 0)
+        owners = Owners.agree(ops, rows_of, layout.units)
         if owners.count == 0:  # no rank holds a non-zero: nothing more to send, alike on every rank
             return from_units(ops, layout, owners.union, ops.zeros((0, layout.unit_len), dtype, values),
                               ctx.shape, isinstance(tensor, RowSparse))
@@ -135,22 +139,22 @@ class Balanced(Compressor):
         rows = ops.shape(units)[0]
         sending = ops.sort0(mine * rows + ops.arange(rows, like=units)) % max(rows, 1)
         splits = [int(c) * layout.unit_len for c in ops.to_numpy(
-            ops.scatter_add(ctx.world_size, mine, ops.zeros(rows, "int64", units) + 1))]
+            ops.scatter_add(world, mine, ops.zeros(rows, "int64", units) + 1))]
         sent = ops.cast(ops.flatten(ops.gather(values, sending)), self.wire or dtype)
         residual = (lambda: None) if (self.wire or dtype) == dtype else (
             lambda: lossy_residual(ops, layout, ops.gather(units, sending),
                                    ops.gather(values, sending), ops.reshape(sent, (-1, layout.unit_len)), ctx.shape))
         (received,) = yield Round([Message(sent, "alltoall", tuple(splits))], residual)
         # what arrived: every touch of an owned row, in rank order, each rank's in unit order
-        owned = owners.owned(ops, ctx.rank)
+        owned = owners.owned(ops, rank)
         local = ops.scatter(owners.count, owned, ops.arange(ops.shape(owned)[0], like=owned))
-        arriving = ops.gather(local, ops.gather(owners.pair_pos, owners.owned_pairs(ops, ctx.rank)))
+        arriving = ops.gather(local, ops.gather(owners.pair_pos, owners.owned_pairs(ops, rank)))
         sums = ops.add_rows(ops.zeros((ops.shape(owned)[0], layout.unit_len), dtype, values), arriving,
                             ops.reshape(ops.cast(received, dtype), (-1, layout.unit_len)))
         (gathered,) = yield Round([Message(ops.flatten(ops.cast(sums, self.wire or dtype)), "allgather")])
         rows_of_union = ops.gather(ops.reshape(ops.cast(gathered, dtype), (-1, layout.unit_len)),
                                    owners.gathered_order(ops))
-        return from_units(ops, layout, owners.union, rows_of_union / ctx.world_size, ctx.shape,
+        return from_units(ops, layout, owners.union, rows_of_union / world, ctx.shape,
                           isinstance(tensor, RowSparse))
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], tuple[Any, Any]]:

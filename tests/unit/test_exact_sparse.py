@@ -183,6 +183,8 @@ def test_auto_prices_balanced_at_the_bound_plus_its_index_and_picks_it_where_it_
     g = RowSparse(rows, rng.standard_normal((40, 64)).astype(np.float32), (4000, 64))
     policy, ctx = AutoPolicy(), TensorContext("g", (4000, 64), 0, 4)
     measured = policy._measure(create("balanced"), g, ctx, union=0.04, touched=0.01)
+    on_rank_2 = policy._measure(create("balanced"), g, TensorContext("g", (4000, 64), 0, 4, 2), union=0.04)
+    assert on_rank_2.wire == int(lower_bound(4000, 256, 40, 160, 4)[0] + 3 * (40 * 2 + 16))  # run alone, as rank 0 of 1
     values, _ = lower_bound(4000, 64 * 4, 40, 160, 4)
     assert values == 64 * 4 * (40 + 2 * 160 / 4)
     assert measured.wire == int(values + 3 * (40 * 2 + 16))
