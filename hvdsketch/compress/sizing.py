@@ -56,6 +56,10 @@ def release(latch: dict[str, int], name: str, dense_next: bool, recheck: int) ->
         latch[name] = recheck
 
 
+#: A union more than this many times its plan's bound (one row's error above ``sqrt(2)`` times the one
+#: asked for) is warned about, once per tensor; below it, the next step's resizing is answer enough.
+OVERFLOW = 2.0
+
 #: Bytes per element of the dtypes values travel in.
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint8": 1}
 #: The formats values may travel in (``wire=`` of the sparse methods); unset: the tensor's own dtype.

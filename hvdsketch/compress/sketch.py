@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, Sequence
@@ -161,6 +162,7 @@ class SparseSketch(Compressor):
     recheck: int = 16
     _levels: dict = private_state()     # tensor name -> planned level (equal on every rank)
     _dense_for: dict = private_state()  # tensor name -> exchanges left that go dense at once
+    _warned: dict = private_state()     # tensor name -> 1 once its union's overflow was warned about
 
     def __post_init__(self) -> None:
         if self.rows < 1:
@@ -248,6 +250,35 @@ class SparseSketch(Compressor):
             dense_next = self.plan(ctx.shape, sizing.bound_of(level, self.grow, layout.units), sent.dtype) is None
         sizing.release(self._dense_for, ctx.name, dense_next, self.recheck)
 
+    def _check_union(self, ops: ModuleType, ctx: TensorContext, plan: SketchPlan, count: Any, traced: bool) -> None:
+        """Warn once per tensor when the reduced bitmap's union (``count`` units, alike on every rank)
+        outgrows the plan's bound :data:`~hvdsketch.compress.sizing.OVERFLOW` times, so the recovery's
+        error is well above ``error``. Eagerly ``count`` is the host int sizing read anyway; inside
+        ``tf.function`` it is a device count, read on the host by a conditional op at every step until
+        a trace after the warning leaves the check out. A plan of ``ratio`` was asked for a size, not
+        an error: never warned about."""
+        if plan.bound is None or ctx.name in self._warned:
+            return
+        ops.call_if(count > math.floor(sizing.OVERFLOW * max(plan.bound, 1)),
+                    lambda units: self._warn_overflow(ctx, plan, int(units), traced), [count])
+
+    def _warn_overflow(self, ctx: TensorContext, plan: SketchPlan, count: int, traced: bool) -> None:
+        if ctx.name in self._warned:  # a traced check runs every step
+            return
+        self._warned[ctx.name] = 1
+        layout = plan.layout
+        unit = "rows" if len(ctx.shape) >= 2 else f"blocks of {layout.unit_len}"
+        error = math.sqrt(count * layout.unit_len / plan.cols)  # one row: sqrt(nnz / cols)
+        then = ("inside tf.function the plan stays the one traced, so every step has that error: give a density "
+                f"that holds the union (here at least {count / layout.units:.2g}; 1 sends it dense), or leave "
+                "density unset with hvdsketch's tape or optimizer, which size the sketch every step"
+                if traced else "the next exchanges are sized from this union (dense where a sketch of it would "
+                "be no smaller)")
+        warnings.warn(f"hvdsketch: {self} on {ctx.name} of shape {tuple(ctx.shape)}: its union held {count} of "
+                      f"{layout.units} {unit}, {count / max(plan.bound, 1):.1f}x the {plan.bound} its plan was sized "
+                      f"for, so the recovery's relative error is about {error:.2f} against error={self.error}; "
+                      f"{then}", RuntimeWarning)
+
     def hashes(self, plan: SketchPlan, ctx: TensorContext) -> HashFamily:
         return HashFamily.draw(self.rows, plan.cols, self.seed, ctx.name, ctx.step)
 
@@ -320,8 +351,11 @@ class SparseSketch(Compressor):
             return ops.reshape(reduced[0], ctx.shape)
         plan, layout = sent.plan, sent.plan.layout
         bitmap, cells = self._cells(ops, reduced, sent)
-        union = ops.positive(bitmap if self.bitmap == "float" else ops.unpack_bits(bitmap)[:layout.units])
-        sent.union = None if ops.is_symbolic(union) else ops.shape(union)[0]
+        mask = bitmap if self.bitmap == "float" else ops.unpack_bits(bitmap)[:layout.units]
+        union = ops.positive(mask)
+        traced = ops.is_symbolic(union)
+        sent.union = None if traced else ops.shape(union)[0]
+        self._check_union(ops, ctx, plan, ops.reduce_sum(ops.cast(mask > 0, "int64")) if traced else sent.union, traced)
         sent.hashed = None  # this rank's own hashes are not needed any more
         hashed = hash_units(ops, sent.hashes, layout, union, sent.dtype)
         estimate = recover(ops, plan.cols, hashed, cells, layout.unit_len)

@@ -14,7 +14,7 @@ it run on an accelerator as they run on the host:
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -228,3 +228,9 @@ class Ops(Protocol):
 
     def check_all_equal(self, x: Tensor, message: str, error: type[Exception] = ValueError) -> None:
         """Raise ``error(message)`` unless every entry of ``x`` equals the first (host sync)."""
+
+    def call_if(self, flag: Tensor | bool, fn: Callable[..., None], values: Sequence[Tensor | int]) -> None:
+        """Call ``fn`` with ``values`` as numpy on the host when the truth ``flag`` holds (a warning
+        from reduced values): at once (host sync); inside ``tf.function`` a conditional op that runs
+        with the step, its ``flag`` read on the host as an assertion's is, ``values`` copied only when
+        it holds."""

@@ -2,7 +2,7 @@
 :class:`hvdsketch.ops.contract.Ops`). Everything lives in host memory, so ``like`` only types."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -140,6 +140,11 @@ def all_true(flags: Sequence[Tensor]) -> bool:
 def check_true(flag: Tensor, message: str) -> None:
     if not bool(flag):
         raise ValueError(message)
+
+
+def call_if(flag: Tensor | bool, fn: Callable[..., None], values: Sequence[Tensor | int]) -> None:
+    if bool(flag):
+        fn(*(np.asarray(v) for v in values))
 
 
 def check_finite(x: Tensor, message: str) -> Tensor:

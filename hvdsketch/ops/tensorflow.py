@@ -9,7 +9,7 @@ placement holds).
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -152,6 +152,19 @@ def check_true(flag: Tensor, message: str) -> None:
             raise ValueError(message)
     else:
         tf.debugging.Assert(flag, [message])
+
+
+def call_if(flag: Tensor | bool, fn: Callable[..., None], values: Sequence[Tensor | int]) -> None:
+    if tf.executing_eagerly():
+        if bool(flag):
+            fn(*(np.asarray(v) for v in values))
+        return
+
+    def call() -> Tensor:
+        tf.numpy_function(lambda *xs: fn(*xs) or np.int8(0), list(values), tf.int8, stateful=True)
+        return tf.constant(0, tf.int8)
+
+    tf.cond(tf.convert_to_tensor(flag), call, lambda: tf.constant(0, tf.int8))
 
 
 def check_finite(x: Tensor, message: str) -> Tensor:

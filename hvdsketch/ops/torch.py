@@ -6,7 +6,7 @@ through pinned memory, asynchronously.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -145,6 +145,11 @@ def all_true(flags: Sequence[Tensor]) -> bool:
 def check_true(flag: Tensor, message: str) -> None:
     if not bool(flag):
         raise ValueError(message)
+
+
+def call_if(flag: Tensor | bool, fn: Callable[..., None], values: Sequence[Tensor | int]) -> None:
+    if bool(flag):
+        fn(*(v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for v in values))
 
 
 def check_finite(x: Tensor, message: str) -> Tensor:
