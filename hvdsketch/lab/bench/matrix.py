@@ -5,10 +5,11 @@
     rates: [1gbit, 10gbit]          # launch/cluster.sh --rate (``none``: unshaped loopback)
     ranks: [2, 4]
     timeout_s: 1200                 # per run; a run past it is killed and reported as timed out
+    repeats: 3                      # every entry of a cell this many times, interleaved (A B C A B C ...)
     baseline: dense                 # the entry every speed-up and quality is measured against
     subject: sketch                 # the entry the targets are about
     workloads:
-      lstm: {config: configs/lstm.yaml, epochs: 2, steps_per_epoch: 50, probe: embedding.weight}
+      lstm: {config: configs/lstm.yaml, epochs: 2, steps_per_epoch: 50, probe: embedding.weight, seeds: 3}
     entries:
       - {label: dense, compression: none, path: horovod}
       - {label: sketch, compression: {rules: [...], default: none}, workloads: [lstm]}
@@ -22,7 +23,17 @@ memory, and the *runner*: ``train`` (``hvdsketch train``) or any module run as
 record (the DDP baselines). Each run gets a config file of its own: the
 workload's YAML with the entry's settings laid over it. A workload with a
 ``probe`` tensor also gets one ``hvdsketch bench exchange`` run per cell,
-timing that tensor's exchange under every entry side by side.
+timing that tensor's exchange under every entry side by side, against the
+baseline's (which the probe times even where ``--entries`` leaves it out of
+training).
+
+Every job runs ``repeats`` times, in rounds: each round runs every entry of
+the cell once (then its probe) before the next round starts, so a slow spell
+of the machine falls on all entries alike rather than on one. A repeat keeps
+its own run folder (its key ends in ``-r1``, ``-r2``, ...). A workload with
+``seeds: S`` trains repeat r with seed ``r mod S`` added to its workload's
+own (noisy quality then comes from several seeds; the entries of one round
+share a seed, so they still compare pairwise).
 """
 from __future__ import annotations
 
@@ -35,7 +46,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from hvdsketch.spec import SpecError
+from hvdsketch.spec import Spec, SpecError
 
 TRAIN = "train"
 
@@ -117,7 +128,7 @@ class WorkloadRuns:
     The shaped cells time steps with ``epochs`` x ``steps_per_epoch``; the report joins the two (time
     to a quality = steps to reach it, unshaped, x step time, shaped). ``workload`` replaces the
     config's workload flag (e.g. to validate on fewer examples); ``rates`` and ``ranks`` keep the
-    workload to some of the matrix's cells."""
+    workload to some of the matrix's cells; ``seeds``: how many seeds its repeats cycle through."""
 
     name: str
     config: str
@@ -129,10 +140,11 @@ class WorkloadRuns:
     workload: str | None = None
     rates: tuple[str, ...] | None = None
     ranks: tuple[int, ...] | None = None
+    seeds: int = 1
 
     def __post_init__(self) -> None:
-        if min(self.epochs, self.steps_per_epoch, self.probe_steps) < 1:
-            raise SpecError(f"workload {self.name}: epochs, steps_per_epoch and probe_steps must be >= 1")
+        if min(self.epochs, self.steps_per_epoch, self.probe_steps, self.seeds) < 1:
+            raise SpecError(f"workload {self.name}: epochs, steps_per_epoch, probe_steps and seeds must be >= 1")
         if self.quality is not None:
             if len(self.quality) != 2 or min(self.quality) < 1:
                 raise SpecError(f"workload {self.name}: quality must be [epochs, steps_per_epoch], got {self.quality}")
@@ -148,22 +160,30 @@ class WorkloadRuns:
         """``(epochs, steps_per_epoch)`` of a run at ``rate``."""
         return self.quality if rate == UNSHAPED and self.quality else (self.epochs, self.steps_per_epoch)
 
-    def training_config(self, entry: Entry, rate: str) -> dict[str, Any]:
-        """The workload's YAML with the entry's settings and the step budget at ``rate`` laid over it."""
+    def training_config(self, entry: Entry, rate: str, repeat: int = 1) -> dict[str, Any]:
+        """The workload's YAML with the entry's settings, the step budget at ``rate`` and (with
+        ``seeds`` > 1) repeat ``repeat``'s seed laid over it."""
         raw = yaml.safe_load(Path(self.config).read_text()) or {}
         epochs, steps = self.budget(rate)
-        return {**raw, **({"workload": self.workload} if self.workload else {}), **entry.overrides(),
+        flag = self.workload or raw.get("workload")
+        if self.seeds > 1 and flag:  # the seed is a workload option: lstm:...,seed=N
+            spec = Spec.parse(flag)
+            seed = int(spec.options.get("seed", 0)) + (repeat - 1) % self.seeds
+            flag = str(Spec(spec.name, {**spec.options, "seed": str(seed)}))
+        return {**raw, **({"workload": flag} if flag else {}), **entry.overrides(),
                 "epochs": epochs, "steps_per_epoch": steps}
 
 
 @dataclass(frozen=True)
 class Job:
-    """One run on the emulated cluster: an entry's training, or (``entry`` None) a cell's probe."""
+    """One run on the emulated cluster: an entry's training, or (``entry`` None) a cell's probe;
+    ``repeat`` counts from 1."""
 
     workload: WorkloadRuns
     rate: str
     ranks: int
     entry: Entry | None
+    repeat: int = 1
 
     @property
     def label(self) -> str:
@@ -171,19 +191,22 @@ class Job:
 
     @property
     def key(self) -> str:
-        return f"{self.workload.name}-{self.rate}-np{self.ranks}-{self.label}"
+        return f"{self.workload.name}-{self.rate}-np{self.ranks}-{self.label}-r{self.repeat}"
 
-    def command(self, run_dir: Path, probe_entries: list[Entry]) -> list[str]:
-        """The command ``launch/cluster.sh`` runs on every rank; writes its input files to ``run_dir``."""
+    def command(self, run_dir: Path, probe_entries: list[Entry], baseline: str = "dense") -> list[str]:
+        """The command ``launch/cluster.sh`` runs on every rank; writes its input files to ``run_dir``.
+        A probe times ``probe_entries`` against the one labelled ``baseline``."""
         run_dir.mkdir(parents=True, exist_ok=True)
         if self.entry is None:
             entries = run_dir / "entries.yaml"
             entries.write_text(yaml.safe_dump([e.to_mapping() for e in probe_entries], sort_keys=False))
             return [sys.executable, "-m", "hvdsketch.lab.cli", "bench", "exchange", "--config", self.workload.config,
                     "--tensor", str(self.workload.probe), "--entries", str(entries),
-                    "--steps", str(self.workload.probe_steps), "--json", str(run_dir / "record.json")]
+                    "--steps", str(self.workload.probe_steps), "--baseline", baseline,
+                    "--json", str(run_dir / "record.json")]
         config = run_dir / "config.yaml"
-        config.write_text(yaml.safe_dump(self.workload.training_config(self.entry, self.rate), sort_keys=False))
+        config.write_text(yaml.safe_dump(self.workload.training_config(self.entry, self.rate, self.repeat),
+                                         sort_keys=False))
         head = ([sys.executable, "-m", "hvdsketch.lab.cli", "train"] if self.entry.runner == TRAIN
                 else [sys.executable, "-m", self.entry.runner])
         return head + ["--config", str(config), "--out", str(run_dir), *self.entry.args]
@@ -198,6 +221,9 @@ class Matrix:
     timeout_s: float = 1200.0
     baseline: str = "dense"
     subject: str = "sketch"
+    repeats: int = 3
+    #: the baseline's entry where a selection left it out: the probes still time it (untrained)
+    probe_baseline: Entry | None = None
 
     @classmethod
     def load(cls, path: str, quick: bool = False) -> "Matrix":
@@ -229,13 +255,17 @@ class Matrix:
                 raise SpecError(f"workload {w.name}: entry labels must be unique, got {labels}")
         if not all(isinstance(n, int) and n >= 1 for n in self.ranks):
             raise SpecError(f"ranks must be positive integers, got {self.ranks}")
+        if not (isinstance(self.repeats, int) and self.repeats >= 1):
+            raise SpecError(f"repeats must be a positive integer, got {self.repeats!r}")
 
     def select(self, workloads: list[str] | None = None, entries: list[str] | None = None,
                rates: list[str] | None = None, ranks: list[int] | None = None,
                epochs: int | None = None, steps_per_epoch: int | None = None,
-               probe_steps: int | None = None, timeout_s: float | None = None) -> "Matrix":
-        """A smaller matrix: the named workloads and entries only, other rates and ranks, and a step
-        budget for every workload. Unknown names are an error naming the valid ones."""
+               probe_steps: int | None = None, timeout_s: float | None = None,
+               repeats: int | None = None) -> "Matrix":
+        """A smaller matrix: the named workloads and entries only, other rates and ranks, a step
+        budget for every workload, another repeat count. Unknown names are an error naming the
+        valid ones. Entries that leave out the baseline keep its entry for the probes."""
         for asked, valid, what in ((workloads, [w.name for w in self.workloads], "workload"),
                                    (entries, [e.label for e in self.entries], "entry")):
             unknown = sorted(set(asked or []) - set(valid))
@@ -245,27 +275,39 @@ class Matrix:
                                     ("probe_steps", probe_steps)) if v is not None}
         if epochs is not None or steps_per_epoch is not None:
             budget["quality"] = None  # a budget given for every run holds for the quality runs too
+        kept = tuple(e for e in self.entries if entries is None or e.label in entries)
+        base = next((e for e in self.entries if e.label == self.baseline), None)
         return dataclasses.replace(
             self,
             workloads=tuple(dataclasses.replace(w, **budget) for w in self.workloads
                             if workloads is None or w.name in workloads),
-            entries=tuple(e for e in self.entries if entries is None or e.label in entries),
-            rates=tuple(rates) if rates else self.rates, ranks=tuple(ranks) if ranks else self.ranks,
-            timeout_s=self.timeout_s if timeout_s is None else timeout_s)
+            entries=kept, rates=tuple(rates) if rates else self.rates, ranks=tuple(ranks) if ranks else self.ranks,
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+            repeats=self.repeats if repeats is None else repeats,
+            probe_baseline=self.probe_baseline if base is None or base in kept else base)
 
     def for_workload(self, name: str) -> list[Entry]:
         return [e for e in self.entries if e.workloads is None or name in e.workloads]
 
+    def probe_entries(self, name: str) -> list[Entry]:
+        """What workload ``name``'s probe times: its ``hvdsketch train`` entries, the baseline's
+        among them (first, if the selection left it out; none if the config has no baseline)."""
+        mine = [e for e in self.for_workload(name) if e.runner == TRAIN]
+        base = self.probe_baseline
+        return ([base] if base and base.runner == TRAIN and (base.workloads is None or name in base.workloads)
+                else []) + mine
+
     def jobs(self) -> list[Job]:
-        """Cell by cell (workload, rate, ranks), every entry of the cell in a row, then its probe (on
-        shaped links)."""
+        """Cell by cell (workload, rate, ranks), in ``repeats`` rounds: each round every entry of the
+        cell once, then its probe (on shaped links), so repeats interleave (A B C A B C ...)."""
         out = []
         for w in self.workloads:
             for rate in self.rates:
                 for n in self.ranks:
                     if not w.runs_in(rate, n):
                         continue
-                    out += [Job(w, rate, n, e) for e in self.for_workload(w.name)]
-                    if w.probe and rate != UNSHAPED:  # the probe times the link
-                        out.append(Job(w, rate, n, None))
+                    for repeat in range(1, self.repeats + 1):
+                        out += [Job(w, rate, n, e, repeat) for e in self.for_workload(w.name)]
+                        if w.probe and rate != UNSHAPED:  # the probe times the link
+                            out.append(Job(w, rate, n, None, repeat))
         return out

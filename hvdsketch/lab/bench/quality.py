@@ -4,23 +4,29 @@ Quality per step does not depend on the link, so every entry trains long on
 unshaped links (:data:`~hvdsketch.lab.bench.matrix.UNSHAPED`, validating after
 every epoch: its *curve*, quality against steps), and briefly on each shaped
 link to time its steps. For each workload and rank count the target is the
-baseline's (dense Horovod's) final quality; an entry's time to it is::
+baseline's (dense Horovod's) final quality, the mean over its repeats (seeds);
+an entry's time to it is::
 
     time to target = (steps until its curve first reaches the target) x (its median step time at that rate)
 
-An entry whose curve never reaches the target within the run has none (it is
-reported with its final quality). The same curves, with steps scaled by each
-rate's step time, are the plots of quality against wall time per link rate;
-and each entry's bytes per step against its final quality is the Pareto front
-of the sparse methods.
+each a :class:`~hvdsketch.lab.bench.spread.Spread`: the steps over the entry's
+unshaped repeats (one per seed; a seed whose curve never reaches the target
+counts as ``inf``, never), the step time over its shaped repeats, the time
+spread from their extreme products. The same curves, averaged over the seeds
+(error bars: the seeds' range) and with steps scaled by each rate's step time,
+are the plots of quality against wall time per link rate; and each entry's
+bytes per step against its final quality is the Pareto front of the sparse
+methods.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from hvdsketch.lab.bench.matrix import UNSHAPED
+from hvdsketch.lab.bench.spread import Spread
 
 #: The headline metric of a record and whether higher is better.
 QUALITY = (("perplexity", False), ("accuracy", True))
@@ -64,50 +70,74 @@ class TimeToTarget:
     rate: str
     ranks: int
     label: str
-    target: float
-    final: float
-    steps: int | None     # to the target, from the unshaped curve
-    step_s: float | None  # median step time at ``rate``
-    seconds: float | None  # steps x step_s
+    target: float     # the baseline's final quality, mean over its seeds
+    final: Spread     # this entry's final quality over its seeds
+    steps: Spread     # to the target, from the unshaped curves (inf: a seed never reached it)
+    step_s: Spread    # median step time at ``rate``, over the shaped repeats
+    seconds: Spread   # steps x step_s
 
-    def speedup(self, baseline: "TimeToTarget | None") -> float | None:
-        if baseline is None or baseline.seconds is None or not self.seconds:
-            return None
-        return baseline.seconds / self.seconds
+    @property
+    def reached(self) -> bool:
+        """Whether every seed's curve reached the target."""
+        return math.isfinite(self.steps.high)
+
+    def speedup(self, baseline: "TimeToTarget | None") -> Spread | None:
+        return None if baseline is None else baseline.seconds.over(self.seconds)
 
 
-def times_to_target(runs: Iterable[tuple[str, str, int, str, dict[str, Any]]], baseline: str) -> list[TimeToTarget]:
-    """From ``(workload, rate, ranks, label, record)`` of successful runs: for every shaped cell and
-    every entry with an unshaped curve of the same workload and ranks, its time to the baseline's
-    final unshaped quality."""
-    runs = list(runs)
-    curves = {(w, n, label): rec for w, rate, n, label, rec in runs if rate == UNSHAPED}
-    out = []
+Runs = Iterable[tuple[str, str, int, str, dict[str, Any]]]  # (workload, rate, ranks, label, record)
+
+
+def _curves(runs: Runs) -> dict[tuple[str, int, str], list[tuple[list[tuple[int, float]], bool]]]:
+    """Per (workload, ranks, label): every unshaped repeat's curve with its direction."""
+    out: dict[tuple[str, int, str], list[tuple[list[tuple[int, float]], bool]]] = {}
     for w, rate, n, label, rec in runs:
-        if rate == UNSHAPED or (w, n, label) not in curves:
-            continue
-        base, mine = curves.get((w, n, baseline)), curves[(w, n, label)]
-        found = metric(mine)
-        if base is None or found is None or not curve(base):
-            continue
-        target = curve(base)[-1][1]
-        points = curve(mine)
-        steps = steps_to(points, target, found[1])
-        step = step_seconds(rec)
-        out.append(TimeToTarget(w, rate, n, label, target, points[-1][1], steps, step,
-                                None if steps is None else steps * step))
+        found = metric(rec)
+        if rate == UNSHAPED and found is not None and curve(rec):
+            out.setdefault((w, n, label), []).append((curve(rec), found[1]))
     return out
 
 
-def wall_time_curves(runs: Iterable[tuple[str, str, int, str, dict[str, Any]]], workload: str
-                     ) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """Per shaped cell ``"RATE, N ranks"`` of ``workload``: each entry's unshaped quality curve with
-    steps turned into seconds at that cell's step time."""
+def _step_times(runs: Runs) -> dict[tuple[str, str, int, str], Spread]:
+    """Per shaped (workload, rate, ranks, label): the median step times of its repeats."""
+    found: dict[tuple[str, str, int, str], list[float]] = {}
+    for w, rate, n, label, rec in runs:
+        if rate != UNSHAPED:
+            found.setdefault((w, rate, n, label), []).append(step_seconds(rec))
+    return {key: Spread.median(values) for key, values in found.items()}
+
+
+def times_to_target(runs: Runs, baseline: str) -> list[TimeToTarget]:
+    """From ``(workload, rate, ranks, label, record)`` of successful runs (several per entry: its
+    repeats): for every shaped cell and every entry with unshaped curves of the same workload and
+    ranks, its time to the baseline's final unshaped quality."""
+    runs = list(runs)
+    curves, steps = _curves(runs), _step_times(runs)
+    out = []
+    for (w, rate, n, label), step in steps.items():
+        base, mine = curves.get((w, n, baseline)), curves.get((w, n, label))
+        if not base or not mine:
+            continue
+        target = statistics.fmean(points[-1][1] for points, _ in base)
+        reach = [steps_to(points, target, up) for points, up in mine]
+        to = Spread.median(math.inf if s is None else s for s in reach)
+        out.append(TimeToTarget(w, rate, n, label, target, Spread.mean(points[-1][1] for points, _ in mine),
+                                to, step, to.times(step)))
+    return out
+
+
+def wall_time_curves(runs: Runs, workload: str) -> dict[str, dict[str, list[tuple[float, ...]]]]:
+    """Per shaped cell ``"RATE, N ranks"`` of ``workload``: each entry's unshaped quality curve, the
+    mean over its seeds, with steps turned into seconds at that cell's median step time:
+    ``(seconds, mean, lowest seed, highest seed)`` after each epoch."""
     runs = [r for r in runs if r[0] == workload]
-    curves = {(n, label): curve(rec) for _, rate, n, label, rec in runs if rate == UNSHAPED}
-    panels: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    for _, rate, n, label, rec in runs:
-        if rate != UNSHAPED and (n, label) in curves:
-            step = step_seconds(rec)
-            panels.setdefault(f"{rate}, {n} ranks", {})[label] = [(s * step, q) for s, q in curves[(n, label)]]
+    curves, steps = _curves(runs), _step_times(runs)
+    panels: dict[str, dict[str, list[tuple[float, ...]]]] = {}
+    for (_, rate, n, label), step in steps.items():
+        if (workload, n, label) not in curves:
+            continue
+        seeds = [points for points, _ in curves[(workload, n, label)]]
+        epochs = zip(*seeds)  # the seeds' points after each epoch
+        panels.setdefault(f"{rate}, {n} ranks", {})[label] = [
+            (at[0][0] * step.center, *Spread.mean(q for _, q in at).bounds()) for at in epochs]
     return panels

@@ -3,18 +3,28 @@
 A table is a list of column names and rows of already formatted cells;
 :func:`markdown` pads them into a GitHub table (numbers right-aligned).
 The plots take plain series, ``{label: [(x, y), ...]}``, so this module knows
-nothing about runs or workloads.
+nothing about runs or workloads; a point ``(x, y, low, high)`` (a bar's or
+labelled point's value ``(y, low, high)``) draws ``low..high`` as an error bar,
+as the benchmarks draw the range of their repeats.
 """
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
-Series = dict[str, list[tuple[float, float]]]
+Series = dict[str, list[tuple[float, ...]]]  # (x, y) or (x, y, low, high)
+
+
+def _errors(ys: Sequence[float], bounds: Sequence[tuple[float, ...]]) -> list[list[float]] | None:
+    """matplotlib's ``yerr`` (distances below and above) from ``(low, high)`` pairs, if any were given."""
+    if not bounds or any(len(b) != 2 for b in bounds):
+        return None
+    return [[y - b[0] for y, b in zip(ys, bounds)], [b[1] - y for y, b in zip(ys, bounds)]]
 
 
 def markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub markdown table; a column whose cells all read as numbers is right-aligned."""
+    """A GitHub markdown table; a column whose cells all read as numbers (a spread after one,
+    ``"50.1 (49.0..52.3)"``, allowed) is right-aligned."""
     if any(len(r) != len(headers) for r in rows):
         raise ValueError(f"every row needs {len(headers)} cells")
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
@@ -28,7 +38,7 @@ def markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _numeric(cell: str) -> bool:
-    text = cell.strip().rstrip("x%").replace(",", "")
+    text = cell.split(" (", 1)[0].strip().rstrip("x%").replace(",", "")
     if text in ("", "-"):
         return True
     try:
@@ -43,6 +53,10 @@ def number(value: float | None, digits: int = 3, suffix: str = "") -> str:
     if value is None or not math.isfinite(value):
         return "-"
     return f"{value:.{digits}g}{suffix}"
+
+
+def _triple(value: float | tuple[float, float, float]) -> tuple[float, ...]:
+    return (value,) if isinstance(value, (int, float)) else tuple(value)
 
 
 def _axes(panels: int, title: str):
@@ -89,32 +103,39 @@ def line_plot(panels: dict[str, Series], path: str, title: str, xlabel: str, yla
     for ax, (name, series) in zip(axes, panels.items()):
         for label, points in series.items():
             if points:
-                xs, ys = zip(*sorted(points))
-                ax.plot(xs, ys, "-o", label=label, markersize=4)
+                points = sorted(points)
+                xs, ys = [p[0] for p in points], [p[1] for p in points]
+                ax.errorbar(xs, ys, yerr=_errors(ys, [p[2:] for p in points]), fmt="-o", label=label,
+                            markersize=4, capsize=2)
         _style(ax, name, xlabel, ylabel, log)
     _save(fig, path)
 
 
-def bar_plot(groups: dict[str, dict[str, float]], path: str, title: str, ylabel: str, log: bool = False) -> None:
-    """Grouped bars: ``groups[group][label]`` (e.g. per cluster cell, bytes per compressor)."""
+def bar_plot(groups: dict[str, dict[str, float | tuple[float, float, float]]], path: str, title: str, ylabel: str,
+             log: bool = False) -> None:
+    """Grouped bars: ``groups[group][label]`` (e.g. per cluster cell, bytes per compressor), a
+    value or ``(value, low, high)``."""
     fig, (ax,) = _axes(1, "")
     labels = list(dict.fromkeys(label for bars in groups.values() for label in bars))
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
         xs = [g for g, bars in enumerate(groups.values()) if label in bars]
-        ys = [bars[label] for bars in groups.values() if label in bars]
-        ax.bar([x + (i - (len(labels) - 1) / 2) * width for x in xs], ys, width, label=label)
+        values = [_triple(bars[label]) for bars in groups.values() if label in bars]
+        ys = [v[0] for v in values]
+        ax.bar([x + (i - (len(labels) - 1) / 2) * width for x in xs], ys, width, label=label,
+               yerr=_errors(ys, [v[1:] for v in values]), capsize=2)
     _style(ax, title, "", ylabel, "y" if log else "")  # before the ticks: setting a scale resets them
     ax.set_xticks(range(len(groups)), list(groups), fontsize=8)
     _save(fig, path)
 
 
-def scatter_plot(points: dict[str, tuple[float, float]], path: str, title: str, xlabel: str, ylabel: str,
+def scatter_plot(points: dict[str, tuple[float, ...]], path: str, title: str, xlabel: str, ylabel: str,
                  log: str = "") -> None:
-    """One labelled point per key: ``points[label] = (x, y)`` (e.g. bytes per step against quality)."""
+    """One labelled point per key: ``points[label] = (x, y)`` or ``(x, y, low, high)`` (e.g. bytes per
+    step against quality)."""
     fig, (ax,) = _axes(1, "")
-    for label, (x, y) in points.items():
-        ax.plot([x], [y], "o", markersize=6)
+    for label, (x, y, *bounds) in points.items():
+        ax.errorbar([x], [y], yerr=_errors([y], [tuple(bounds)]), fmt="o", markersize=6, capsize=2)
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     _style(ax, title, xlabel, ylabel, log)
     _save(fig, path)

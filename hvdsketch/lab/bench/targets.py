@@ -1,4 +1,4 @@
-"""The targets of the benchmark (issues 12, 14 and 15), checked against one run's measurements.
+"""The targets of the benchmark (issues 12, 14 and 15), decided on the spreads of the repeats of one run.
 
 Per cell (workload, link rate, ranks) a target compares its *subject* entry
 with a *baseline* entry of the same cell (dense Horovod unless it names another):
@@ -23,12 +23,23 @@ drop-in sketch              lstm,     1gbit  Horovod's optimizer (tape) with ``C
                             lstm_tf          dense, perplexity within 2%
 ==========================  ========  =====  ===================================================================
 
-A target whose runs failed, or whose cell was not run, is ``not measured``.
+Every figure is a :class:`~hvdsketch.lab.bench.spread.Spread` over the repeats
+of its entry, and a requirement is decided by one rule, :func:`judge`, on the
+whole spread of the figure it bounds (a ratio's spread runs between its
+extreme ratios): **met** if even the least favourable repeats meet it (for "A
+at least 5% faster than B": A's slowest repeat against B's fastest),
+**MISSED** if even the most favourable ones miss it, **undecided** when the
+spread straddles the margin. A target of several requirements is met if all
+are, missed if any is, else undecided. A target whose runs failed, or whose
+cell was not run, is ``not measured``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, fields
 from typing import Callable, Iterable, Mapping, Sequence
+
+from hvdsketch.lab.bench.spread import Spread
 
 RATE = "1gbit"
 
@@ -38,20 +49,49 @@ OURS = ("sketch", "sketch-ef", "union", "allgather", "auto")
 #: The exact sparse methods.
 EXACT = ("union", "allgather", "hvd-allgather")
 
+MET, MISSED, UNDECIDED, UNMEASURED = "met", "MISSED", "undecided", "not measured"
+
+
+def judge(figure: Spread, limit: float, at_most: bool) -> str:
+    """The verdict rule, for every target: ``figure <= limit`` (``at_most``) or ``figure >= limit``
+    holds at both ends of the figure's spread (met), at neither (MISSED), or at one (undecided)."""
+    holds = [(v <= limit) if at_most else (v >= limit) for v in (figure.low, figure.high)]
+    return MET if all(holds) else MISSED if not any(holds) else UNDECIDED
+
+
+def combine(words: Iterable[str]) -> str:
+    """Several requirements together: MISSED if any is, met if all are, else undecided."""
+    words = list(words)
+    return MISSED if MISSED in words else MET if all(w == MET for w in words) else UNDECIDED
+
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one entry measured in one cell (``None``: failed or not run)."""
+    """What one entry measured in one cell over its repeats (``None``: failed or not run); a plain
+    number is taken as one measurement."""
 
-    step_s: float | None
-    quality: float | None
+    step_s: Spread | None
+    quality: Spread | None
     higher_is_better: bool
-    probe_s: float | None = None
-    codec_s: float | None = None           # compress + decompress per step
-    bytes_per_step: float | None = None
-    time_to_target_s: float | None = None  # to the baseline's final quality (steps unshaped x step time here)
-    reached: bool = False                  # its unshaped curve reached the baseline's final quality
+    probe_s: Spread | None = None
+    codec_s: Spread | None = None           # compress + decompress per step
+    bytes_per_step: Spread | None = None
+    time_to_target_s: Spread | None = None  # to the baseline's final quality (inf: a seed never reached it)
     runner: str = "train"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, Spread.point(float(value)))
+
+    @property
+    def reached(self) -> bool | None:
+        """Whether its unshaped runs reached the baseline's final quality: all seeds (True), none
+        (False), some (None), by :func:`judge` on the time to it."""
+        if self.time_to_target_s is None:
+            return False
+        return {MET: True, MISSED: False}.get(judge(self.time_to_target_s, sys.float_info.max, at_most=True))
 
 
 #: (workload, rate, ranks) -> label -> outcome
@@ -67,11 +107,15 @@ class Verdict:
     ranks: int
     measured: str
     required: str
-    met: bool | None  # None: not measured
+    word: str  # met | MISSED | undecided | not measured
 
     @property
-    def word(self) -> str:
-        return {True: "met", False: "MISSED", None: "not measured"}[self.met]
+    def met(self) -> bool | None:
+        """True met, False missed, None undecided or not measured."""
+        return {MET: True, MISSED: False}.get(self.word)
+
+
+Check = Callable[[Mapping[str, Outcome], str, str], "tuple[str, str] | None"]  # -> (measured, word)
 
 
 @dataclass(frozen=True)
@@ -80,95 +124,104 @@ class Target:
     workload: str
     required: str
     applies: Callable[[str, int], bool]  # (rate, ranks) -> does this cell count
-    check: Callable[[Mapping[str, Outcome], str, str], tuple[str, bool] | None]  # (cell, subject, baseline)
+    check: Check  # (cell, subject, baseline)
     subject: str | None = None   # None: the matrix's subject
     baseline: str | None = None  # None: the matrix's baseline
 
 
-def _pair(cell: Mapping[str, Outcome], subject: str, baseline: str, field: str) -> tuple[float, float] | None:
+def _pair(cell: Mapping[str, Outcome], subject: str, baseline: str, field: str) -> tuple[Spread, Spread] | None:
     s, b = cell.get(subject), cell.get(baseline)
     values = (getattr(s, field, None), getattr(b, field, None))
     return None if None in values else values  # type: ignore[return-value]
 
 
-def _seconds_at_most(limit: float, field: str, than: str | None = None, digits: int = 0):
+def _ms(s: Spread, b: Spread, digits: int = 3) -> str:
+    return f"{s.text(digits, scale=1e3)} vs {b.text(digits, scale=1e3)} ms"
+
+
+def _seconds_at_most(limit: float, field: str, than: str | None = None) -> Check:
     """The subject's ``field`` (seconds) over ``than``'s (the baseline's when None) at most ``limit``."""
     def check(cell, subject, baseline):
         pair = _pair(cell, subject, than or baseline, field)
         if pair is None:
             return None
-        ratio = pair[0] / pair[1]
-        return f"{ratio:.2f}x ({1e3 * pair[0]:.{digits}f} vs {1e3 * pair[1]:.{digits}f} ms)", ratio <= limit
+        ratio = pair[0].over(pair[1])
+        return f"{ratio.text(3, 'x')} ({_ms(*pair)})", judge(ratio, limit, at_most=True)
     return check
 
 
-def exchange_at_most(fraction: float):
+def exchange_at_most(fraction: float) -> Check:
     """The probed tensor's exchange at most ``fraction`` of the baseline's."""
     return _seconds_at_most(fraction, "probe_s")
 
 
-def faster_by(at_least: float):
+def faster_by(at_least: float) -> Check:
     """Baseline's step time over the subject's at least ``at_least`` (1.0: no slower)."""
     def check(cell, subject, baseline):
         pair = _pair(cell, subject, baseline, "step_s")
         if pair is None:
             return None
-        ratio = pair[1] / pair[0]
-        return f"{ratio:.2f}x ({1e3 * pair[0]:.1f} vs {1e3 * pair[1]:.1f} ms)", ratio >= at_least
+        ratio = pair[1].over(pair[0])
+        return f"{ratio.text(3, 'x')} ({_ms(*pair)})", judge(ratio, at_least, at_most=False)
     return check
 
 
-def slower_by_at_most(fraction: float):
+def slower_by_at_most(fraction: float) -> Check:
     def check(cell, subject, baseline):
         pair = _pair(cell, subject, baseline, "step_s")
         if pair is None:
             return None
-        extra = pair[0] / pair[1] - 1
-        return f"{extra:+.1%} ({1e3 * pair[0]:.1f} vs {1e3 * pair[1]:.1f} ms)", extra <= fraction
+        ratio = pair[0].over(pair[1])
+        return f"{ratio.percent()} ({_ms(*pair)})", judge(ratio, 1 + fraction, at_most=True)
     return check
 
 
-def quality_within(fraction: float):
+def quality_within(fraction: float) -> Check:
+    """The subject's quality at most ``fraction`` worse than the baseline's (relative)."""
     def check(cell, subject, baseline):
         pair = _pair(cell, subject, baseline, "quality")
         if pair is None:
             return None
-        worse = (pair[1] - pair[0]) / pair[1] if cell[subject].higher_is_better else (pair[0] - pair[1]) / pair[1]
-        return f"{pair[0]:.4g} vs {pair[1]:.4g} ({max(worse, 0):.1%} worse)", worse <= fraction
+        ratio = pair[0].over(pair[1])
+        up = cell[subject].higher_is_better
+        word = judge(ratio, 1 - fraction, at_most=False) if up else judge(ratio, 1 + fraction, at_most=True)
+        return f"{pair[0].text()} vs {pair[1].text()} ({ratio.percent()})", word
     return check
 
 
-def both(*checks):
+def both(*checks: Check) -> Check:
     """Every check met (``None`` if any is not measured)."""
     def check(cell, subject, baseline):
         results = [c(cell, subject, baseline) for c in checks]
         if any(r is None for r in results):
             return None
-        return "; ".join(r[0] for r in results), all(r[1] for r in results)
+        return "; ".join(r[0] for r in results), combine(r[1] for r in results)
     return check
 
 
-def codec_at_most(times: float, than: str):
+def codec_at_most(times: float, than: str) -> Check:
     """Codec time at most ``times`` that of entry ``than``."""
-    return _seconds_at_most(times, "codec_s", than, digits=1)
+    return _seconds_at_most(times, "codec_s", than)
 
 
-def soonest_to_target(at_least: float):
-    """The fastest of :data:`OURS` to the baseline's final quality: ``at_least`` times sooner than the
-    baseline and sooner than every other entry that ran."""
+def soonest_to_target(at_least: float) -> Check:
+    """The fastest of :data:`OURS` to the baseline's final quality (by the median): ``at_least`` times
+    sooner than the baseline and sooner than every other entry that ran."""
     def check(cell, subject, baseline):
         timed = {label: o.time_to_target_s for label, o in cell.items() if o.time_to_target_s is not None}
-        base = cell.get(baseline)
-        if base is None or base.time_to_target_s is None or not any(label in timed for label in OURS):
+        base = timed.get(baseline)
+        if base is None or not any(label in timed for label in OURS):
             return None
-        best = min((label for label in OURS if label in timed), key=timed.get)
+        best = min((label for label in OURS if label in timed), key=lambda label: timed[label].center)
         others = {label: t for label, t in timed.items() if label not in OURS}
-        rival = min(others, key=others.get) if others else None
-        ratio = base.time_to_target_s / timed[best]
-        ahead = rival is None or timed[best] < others[rival]
-        text = f"{best} {timed[best]:.0f} s, {ratio:.2f}x {baseline}" + (
-            f"; best other {rival} {others[rival]:.0f} s" if rival else "")
-        return text, ratio >= at_least and ahead
+        rival = min(others, key=lambda label: others[label].center) if others else None
+        ratio = base.over(timed[best])
+        words = [judge(ratio, at_least, at_most=False)]
+        if rival:
+            words.append(judge(others[rival].over(timed[best]), 1.0, at_most=False))
+        text = f"{best} {timed[best].text(3, ' s')}, {ratio.text(3, 'x')} {baseline}" + (
+            f"; best other {rival} {others[rival].text(3, ' s')}" if rival else "")
+        return text, combine(words)
     return check
 
 
@@ -176,9 +229,10 @@ def reaches_target(cell, subject, baseline):
     ran = {label: o for label, o in cell.items() if label in EXACT and o.quality is not None}
     if not ran:
         return None
-    missed = [label for label, o in ran.items() if not o.reached]
-    return (", ".join(f"{label} {'reached' if o.reached else f'{o.quality:.4g}'}" for label, o in ran.items()),
-            not missed)
+    said = {True: "reached", False: "not reached", None: "some seeds reached"}
+    return (", ".join(f"{label} {said[o.reached]}" + ("" if o.reached else f" ({o.quality.text()})")
+                      for label, o in ran.items()),
+            combine({True: MET, False: MISSED, None: UNDECIDED}[o.reached] for o in ran.values()))
 
 
 def at(rate: str, ranks: Sequence[int] = (2, 4)) -> Callable[[str, int], bool]:
@@ -226,6 +280,6 @@ def evaluate(cells: Cells, subject: str, baseline: str, measured_cells: Iterable
             if workload != target.workload or not target.applies(rate, ranks):
                 continue
             result = target.check(cells.get((workload, rate, ranks), {}), mine, theirs)
-            measured, met = result if result is not None else ("-", None)
-            out.append(Verdict(target.name, mine, workload, rate, ranks, measured, target.required, met))
+            measured, word = result if result is not None else ("-", UNMEASURED)
+            out.append(Verdict(target.name, mine, workload, rate, ranks, measured, target.required, word))
     return out

@@ -11,16 +11,26 @@ another runner writing the same JSON record, such as a DDP baseline), in a
 fresh network namespace, one after the other, so that every entry of a cell
 meets the same machine within minutes of the others. Every entry of a
 workload trains the same epochs and steps from the same seed, so their
-validation quality compares directly. A run that fails, times out (``--timeout``
-per run) or whose runner is missing is a row saying so, never dropped.
+validation quality compares directly. Every entry runs ``--repeats`` times
+(``repeats:`` of the config, 3 unless set), in rounds (A B C A B C ...), each
+repeat in its own folder; a workload with ``seeds: S`` trains its repeats with
+S seeds. A run that fails, times out (``--timeout`` per run) or whose runner
+is missing is a row saying so, never dropped.
 
 Written to ``--out``: ``bench.json`` (every run's record, the machine, the
 load, the command), ``bench.md`` (per workload: step time, gradient-exchange
 time, compress + decompress time, bytes per step, speed-up and quality against
 the baseline; the probed tensor's exchange; the targets of
-:mod:`hvdsketch.lab.bench.targets`, met or missed), and per workload PNGs of quality
-against training time, of bytes per step and of step time. ``bench.json`` is
-rewritten after every run; ``--resume`` keeps the runs that succeeded there.
+:mod:`hvdsketch.lab.bench.targets`, met, missed or undecided), and per workload PNGs of
+quality against training time, of bytes per step and of step time. Every
+figure is the median over the repeats with its range (min..max), quality the
+mean over them (seeds), a speed-up the ratio of medians spread from the
+extreme ratios (:mod:`hvdsketch.lab.bench.spread`); the plots draw the ranges
+as error bars. Each repeat's step time is listed too, marked ``!`` where it is
+more than 10% from its entry's median (the machine in another mode), and each
+result keeps what the machine looked like during the run
+(:mod:`hvdsketch.lab.bench.watch`). ``bench.json`` is rewritten after every
+run; ``--resume`` keeps the runs that succeeded there.
 
 Times are those of the record: ``step`` is the median wall time of a training
 step (forward, backward, exchange, update; without validation; the mean where
@@ -40,6 +50,7 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -48,13 +59,21 @@ from pathlib import Path
 from typing import Any
 
 from hvdsketch.lab.bench import report
-from hvdsketch.lab.bench.matrix import TRAIN, UNSHAPED, Job, Matrix
+from hvdsketch.lab.bench.matrix import UNSHAPED, Job, Matrix
 from hvdsketch.lab.bench.quality import metric, step_seconds, times_to_target, wall_time_curves
+from hvdsketch.lab.bench.spread import Spread
 from hvdsketch.lab.bench.targets import Outcome, Verdict, evaluate
+from hvdsketch.lab.bench.watch import Watch
 from hvdsketch.policy.cost import parse_bandwidth
 
 #: The emulated cluster, from the project's checkout (the benchmark runs from its root).
 CLUSTER = os.environ.get("HVDSKETCH_CLUSTER", "launch/cluster.sh")
+#: The runner name of a cell's exchange probe.
+PROBE = "exchange-probe"
+#: A repeat whose step time is further than this from its entry's median is flagged (another mode).
+OUTLIER = 0.10
+#: Seconds between two samples of the machine while a run runs.
+SAMPLE_S = 1.0
 
 
 def _list(kind: type):
@@ -77,6 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps-per-epoch", type=int, help="steps per epoch of every workload")
     parser.add_argument("--probe-steps", type=int, help="timed steps of each exchange probe")
     parser.add_argument("--timeout", type=float, help="seconds per run before it is killed")
+    parser.add_argument("--repeats", type=int, help="runs of every entry, interleaved (default: the config's, 3)")
     parser.add_argument("--out", default="runs/bench-train", help="output folder (default runs/bench-train)")
     parser.add_argument("--resume", action="store_true", help="keep the successful runs of an earlier bench.json")
     parser.add_argument("--redo", action="store_true",
@@ -98,6 +118,8 @@ class Result:
     load: list[float] = field(default_factory=list)  # 1-minute load average before and after
     message: str = ""
     record: dict[str, Any] | None = None
+    repeat: int = 1
+    machine_state: dict[str, Any] = field(default_factory=dict)  # watch.Watch's summary of the run
 
     @property
     def ok(self) -> bool:
@@ -118,26 +140,26 @@ def run_job(job: Job, out: Path, timeout: float, matrix: Matrix) -> Result:
     """Run one job under ``launch/cluster.sh``; its log and record stay in ``out/runs/KEY``."""
     entry = job.entry
     result = Result(job.key, job.workload.name, job.rate, job.ranks, job.label,
-                    entry.runner if entry else "exchange-probe", "ok", load=[os.getloadavg()[0]])
+                    entry.runner if entry else PROBE, "ok", load=[os.getloadavg()[0]], repeat=job.repeat)
     if entry is not None and not entry.available:
         result.status, result.message = "unavailable", f"runner {entry.runner} is not in this checkout"
+        return result
+    if entry is None and (problem := probe_problem(matrix, job.workload.name)):
+        result.status, result.message = "unavailable", problem
         return result
     run_dir = out / "runs" / job.key
     for old in run_dir.glob("*.json"):
         old.unlink()
-    probe_entries = [e for e in matrix.for_workload(job.workload.name) if e.runner == TRAIN]
-    command = [CLUSTER, "--rate", job.rate, "-np", str(job.ranks), "--", *job.command(run_dir, probe_entries)]
-    start = time.time()
+    command = [CLUSTER, "--rate", job.rate, "-np", str(job.ranks), "--",
+               *job.command(run_dir, matrix.probe_entries(job.workload.name), matrix.baseline)]
+    start, watch = time.time(), Watch(run_dir)
     with open(run_dir / "log.txt", "w") as log:
         log.write(shlex.join(command) + "\n")
         log.flush()
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _stop(proc)
-            code = None
+        code = _wait(proc, start + timeout, watch)
     result.seconds, result.load = time.time() - start, result.load + [os.getloadavg()[0]]
+    result.machine_state = watch.summary()
     records = sorted(run_dir.glob("*.json"))
     if code is None:
         result.status, result.message = "timeout", f"killed after {timeout:.0f} s"
@@ -146,6 +168,26 @@ def run_job(job: Job, out: Path, timeout: float, matrix: Matrix) -> Result:
     else:
         result.record = json.loads(records[-1].read_text())
     return result
+
+
+def _wait(proc: subprocess.Popen, deadline: float, watch: Watch) -> int | None:
+    """The run's exit code, sampling the machine meanwhile; ``None`` if it was killed at ``deadline``."""
+    while True:
+        try:
+            return proc.wait(timeout=max(min(SAMPLE_S, deadline - time.time()), 0.01))
+        except subprocess.TimeoutExpired:
+            if time.time() >= deadline:
+                _stop(proc)
+                return None
+            watch.sample()
+
+
+def probe_problem(matrix: Matrix, workload: str) -> str | None:
+    """Why workload ``workload``'s probe cannot run (it times every entry against the baseline)."""
+    if matrix.baseline not in [e.label for e in matrix.probe_entries(workload)]:
+        return (f"the exchange probe needs its baseline, an hvdsketch train entry labelled {matrix.baseline!r} "
+                f"for {workload}; the bench config has none")
+    return None
 
 
 def _why(log: str) -> str:
@@ -175,83 +217,159 @@ def quality(record: dict[str, Any]) -> tuple[str, float, bool] | None:
 
 
 def _runs(results: list[Result]) -> list[tuple[str, str, int, str, dict[str, Any]]]:
-    return [(r.workload, r.rate, r.ranks, r.label, r.record) for r in results
-            if r.ok and r.runner != "exchange-probe"]
+    return [(r.workload, r.rate, r.ranks, r.label, r.record) for r in results if r.ok and r.runner != PROBE]
+
+
+Group = tuple[str, str, int, str]  # workload, rate, ranks, label
+
+
+def groups(results: list[Result]) -> dict[Group, list[Result]]:
+    """The training results by cell and entry, each entry's repeats in their order."""
+    out: dict[Group, list[Result]] = {}
+    for r in sorted((r for r in results if r.runner != PROBE), key=lambda r: r.repeat):
+        out.setdefault((r.workload, r.rate, r.ranks, r.label), []).append(r)
+    return out
+
+
+def _records(repeats: list[Result]) -> list[dict[str, Any]]:
+    return [r.record for r in repeats if r.ok]
+
+
+def _final(records: list[dict[str, Any]]) -> tuple[Spread | None, bool]:
+    """The mean final quality over the repeats (seeds), and whether higher is better."""
+    found = [q for rec in records if (q := quality(rec))]
+    return Spread.mean(q[1] for q in found), found[0][2] if found else True
+
+
+def _median(records: list[dict[str, Any]], value) -> Spread | None:
+    """The median of ``value(record)`` over the repeats (``None`` values left out)."""
+    return Spread.median(value(rec) for rec in records)
+
+
+def _codec(rec: dict[str, Any]) -> float | None:
+    return (rec.get("phases_s") or {}).get("codec")
+
+
+def _probe_times(results: list[Result]) -> dict[tuple[str, str, int], dict[str, Spread]]:
+    """Per cell: each label's probed exchange time over the probe's repeats."""
+    times: dict[tuple[str, str, int], dict[str, list[float]]] = {}
+    for r in results:
+        if r.ok and r.runner == PROBE:
+            for row in r.record["rows"]:
+                times.setdefault((r.workload, r.rate, r.ranks), {}).setdefault(row["label"], []).append(
+                    row["exchange_s"])
+    return {cell: {label: Spread.median(v) for label, v in by.items()} for cell, by in times.items()}
 
 
 def outcomes(results: list[Result], baseline: str) -> dict[tuple[str, str, int], dict[str, Outcome]]:
-    """Per cell and entry label: step time, quality, probed exchange time, codec time, bytes and the
-    time to the baseline's final quality, for the targets. Quality is the final one of the long
-    unshaped run of the same workload, rank count and entry where the baseline has one too (a shaped
-    cell trains briefly, to time steps), else the cell's own."""
-    cells: dict[tuple[str, str, int], dict[str, Outcome]] = {}
-    long_runs = {(r.workload, r.ranks, r.label): quality(r.record) for r in results
-                 if r.ok and r.rate == UNSHAPED and r.runner != "exchange-probe"}
-    probes = {(r.workload, r.rate, r.ranks): {row["label"]: row["exchange_s"] for row in r.record["rows"]}
-              for r in results if r.ok and r.runner == "exchange-probe"}
+    """Per cell and entry label, over its repeats: step time, quality, probed exchange time, codec
+    time, bytes and the time to the baseline's final quality, for the targets. Quality is the mean
+    final one of the long unshaped runs of the same workload, rank count and entry where the baseline
+    has them too (a shaped cell trains briefly, to time steps), else the cell's own."""
+    by_entry = groups(results)
+    long_runs = {(w, n, label): _final(_records(rs)) for (w, rate, n, label), rs in by_entry.items()
+                 if rate == UNSHAPED and _records(rs)}
+    probes = _probe_times(results)
     reach = {(t.workload, t.rate, t.ranks, t.label): t for t in times_to_target(_runs(results), baseline)}
-    for r in results:
-        if r.runner == "exchange-probe":
-            continue
-        cell = (r.workload, r.rate, r.ranks)
-        q = quality(r.record) if r.ok else None
-        if r.ok and (r.workload, r.ranks, baseline) in long_runs:
-            q = long_runs.get((r.workload, r.ranks, r.label))
-        t = reach.get((*cell, r.label))
-        cells.setdefault(cell, {})[r.label] = Outcome(
-            step_seconds(r.record) if r.ok else None, q[1] if q else None, q[2] if q else True,
-            probes.get(cell, {}).get(r.label), (r.record.get("phases_s") or {}).get("codec") if r.ok else None,
-            r.record["bytes_sent_per_step"] if r.ok else None, t.seconds if t else None,
-            t is not None and t.steps is not None, r.runner)
+    cells: dict[tuple[str, str, int], dict[str, Outcome]] = {}
+    for (w, rate, n, label), repeats in by_entry.items():
+        records = _records(repeats)
+        q, up = _final(records)
+        if records and (w, n, baseline) in long_runs:
+            q, up = long_runs.get((w, n, label), (None, up))
+        t = reach.get((w, rate, n, label))
+        cells.setdefault((w, rate, n), {})[label] = Outcome(
+            _median(records, step_seconds), q, up, probes.get((w, rate, n), {}).get(label),
+            _median(records, _codec), _median(records, lambda rec: rec["bytes_sent_per_step"]),
+            t.seconds if t else None, repeats[0].runner)
     return cells
 
 
-def _ms(seconds: float | None) -> str:
-    return report.number(None if seconds is None else 1e3 * seconds, 4)
+def _ms(spread: Spread | None) -> str:
+    return "-" if spread is None else spread.text(4, scale=1e3)
+
+
+def _status(repeats: list[Result]) -> str:
+    """``3 ok``, or which repeats did not run and why."""
+    bad = [r for r in repeats if not r.ok]
+    text = f"{len(repeats) - len(bad)}/{len(repeats)} ok" if bad else f"{len(repeats)} ok"
+    return (text + "".join(f"; r{r.repeat} {r.status}: {r.message}" for r in bad))[:90]
+
+
+def by_repeat(repeats: list[Result]) -> str:
+    """Each repeat's median step (ms) in run order, ``!`` where it is more than :data:`OUTLIER` from
+    the entry's median, ``-`` where the repeat failed."""
+    median = _median(_records(repeats), step_seconds)
+    cells = []
+    for r in repeats:
+        if not r.ok:
+            cells.append("-")
+            continue
+        step = step_seconds(r.record)
+        cells.append(f"{1e3 * step:.3g}" + ("!" if abs(step / median.center - 1) > OUTLIER else ""))
+    return " ".join(cells)
+
+
+def outliers(results: list[Result]) -> list[Result]:
+    """The repeats whose step time is more than :data:`OUTLIER` from their entry's median."""
+    out = []
+    for repeats in groups(results).values():
+        median = _median(_records(repeats), step_seconds)
+        out += [r for r in repeats if r.ok and abs(step_seconds(r.record) / median.center - 1) > OUTLIER]
+    return out
+
+
+SPREADS = ("Each figure: the median over the repeats (min..max); quality the mean over them (min..max); "
+           "speed-up and vs columns: the ratio of medians (the extreme ratios). `by repeat`: each repeat's "
+           f"median step in run order, `!` more than {OUTLIER:.0%} from the entry's median.")
 
 
 def _training_rows(results: list[Result], baseline: str, verdicts: list[Verdict]) -> tuple[list[str], list[list[str]]]:
     metric = next((q[0] for r in results if r.ok and (q := quality(r.record))), "quality")
-    headers = ["rate", "ranks", "entry", "status", "step ms", "speed-up", "exchange ms", "codec ms",
-               "MB/step", "dense/sent", metric, "vs dense", "load", "target"]
-    base = {(r.rate, r.ranks): r for r in results if r.label == baseline and r.ok}
+    headers = ["rate", "ranks", "entry", "runs", "step ms", "speed-up", "exchange ms", "codec ms",
+               "MB/step", "dense/sent", metric, "vs dense", "load", "step ms by repeat", "target"]
+    by_entry = groups(results)
     rows = []
-    for r in results:
-        cell = [r.rate, str(r.ranks), r.label]
-        mine = [v for v in verdicts if (v.workload, v.rate, v.ranks) == (r.workload, r.rate, r.ranks)]
-        target = ", ".join(f"{v.target}: {v.word}" for v in mine if v.subject == r.label)
-        if not r.ok:
-            rows.append(cell + [f"{r.status}: {r.message}"[:80]] + ["-"] * 8 + [_load(r), target])
+    for (w, rate, n, label), repeats in by_entry.items():
+        cell = [rate, str(n), label, _status(repeats)]
+        mine = [v for v in verdicts if (v.workload, v.rate, v.ranks) == (w, rate, n)]
+        target = ", ".join(f"{v.target}: {v.word}" for v in mine if v.subject == label)
+        load = report.number(max((r.load[-1] for r in repeats if r.load), default=None), 2)
+        records = _records(repeats)
+        if not records:
+            rows.append(cell + ["-"] * 8 + [load, "-", target])
             continue
-        rec, b = r.record, base.get((r.rate, r.ranks))
-        codec = (rec.get("phases_s") or {}).get("codec")
-        q, bq = quality(rec), quality(b.record) if b else None
-        delta = f"{100 * (q[1] / bq[1] - 1):+.2f}%" if q and bq else "-"
-        sent, dense = rec["bytes_sent_per_step"], rec["bytes_dense_per_step"]
-        rows.append(cell + ["ok", _ms(step_seconds(rec)),
-                            report.number(step_seconds(b.record) / step_seconds(rec), 3, "x") if b else "-",
-                            _ms(rec.get("exchange_s")), _ms(codec), report.number(sent / 1e6, 4),
-                            report.number(dense / sent if sent else None, 3, "x"),
-                            report.number(q[1] if q else None, 4), delta, _load(r), target])
+        base = _records(by_entry.get((w, rate, n, baseline), []))
+        step, base_step = _median(records, step_seconds), _median(base, step_seconds)
+        q, bq = _final(records)[0], _final(base)[0]
+        sent = _median(records, lambda rec: rec["bytes_sent_per_step"])
+        saving = _median(records, lambda rec: rec["bytes_dense_per_step"] / rec["bytes_sent_per_step"]
+                         if rec["bytes_sent_per_step"] else None)
+        rows.append(cell + [_ms(step), base_step.over(step).text(3, "x") if base_step else "-",
+                            _ms(_median(records, lambda rec: rec.get("exchange_s"))), _ms(_median(records, _codec)),
+                            sent.scaled(1e-6).text(4), saving.text(3, "x") if saving else "-",
+                            q.text(4) if q else "-", q.over(bq).percent() if q and bq else "-",
+                            load, by_repeat(repeats), target])
     return headers, rows
 
 
-def _load(r: Result) -> str:
-    return report.number(r.load[-1] if r.load else None, 2)
-
-
-def _probe_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
-    headers = ["rate", "ranks", "entry", "exchange ms", "vs dense", "MB/step"]
-    rows = []
-    for r in results:
-        if r.runner != "exchange-probe":
-            continue
-        if not r.ok:
-            rows.append([r.rate, str(r.ranks), f"probe {r.status}: {r.message}"[:80], "-", "-", "-"])
-            continue
-        for row in r.record["rows"]:
-            rows.append([r.rate, str(r.ranks), row["label"], _ms(row["exchange_s"]),
-                         report.number(row["vs_baseline"], 3, "x"), report.number(row["bytes_sent_per_step"] / 1e6, 4)])
+def _probe_rows(results: list[Result], baseline: str) -> tuple[list[str], list[list[str]]]:
+    headers = ["rate", "ranks", "entry", "probes", f"exchange ms", f"vs {baseline}", "MB/step"]
+    probes = [r for r in results if r.runner == PROBE]
+    rows = [[r.rate, str(r.ranks), f"probe r{r.repeat} {r.status}: {r.message}"[:80], "-", "-", "-", "-"]
+            for r in probes if not r.ok]
+    found: dict[tuple[str, int], dict[str, list[dict[str, Any]]]] = {}
+    for r in probes:
+        if r.ok:
+            for row in r.record["rows"]:
+                found.setdefault((r.rate, r.ranks), {}).setdefault(row["label"], []).append(row)
+    for (rate, n), labels in found.items():
+        base = Spread.median(row["exchange_s"] for row in labels.get(baseline, []))
+        for label, mine in labels.items():
+            seconds = Spread.median(row["exchange_s"] for row in mine)
+            rows.append([rate, str(n), label, str(len(mine)), _ms(seconds),
+                         seconds.over(base).text(3, "x") if base else "-",
+                         Spread.median(row["bytes_sent_per_step"] / 1e6 for row in mine).text(4)])
     return headers, rows
 
 
@@ -260,11 +378,29 @@ def _reach_rows(results: list[Result], baseline: str) -> tuple[list[str], list[l
     base = {(t.rate, t.ranks): t for t in found if t.label == baseline}
     headers = ["rate", "ranks", "entry", "target", "final (unshaped)", "steps to target", "step ms", "time to target",
                "vs " + baseline]
-    rows = [[t.rate, str(t.ranks), t.label, report.number(t.target, 4), report.number(t.final, 4),
-             str(t.steps) if t.steps is not None else "not reached", _ms(t.step_s),
-             report.number(t.seconds, 4, " s"), report.number(t.speedup(base.get((t.rate, t.ranks))), 3, "x")]
-            for t in found]
+    rows = []
+    for t in found:
+        speedup = t.speedup(base.get((t.rate, t.ranks)))
+        rows.append([t.rate, str(t.ranks), t.label, report.number(t.target, 4), t.final.text(4), t.steps.text(4),
+                     _ms(t.step_s), t.seconds.text(4, " s"), speedup.text(3, "x") if speedup else "-"])
     return headers, rows
+
+
+def _modes(results: list[Result]) -> str:
+    """One line per outlying repeat: its step time, the entry's median, and the machine meanwhile."""
+    lines = []
+    for r in outliers(results):
+        state = r.machine_state or {}
+        ranks = "; ".join(f"cpus {','.join(map(str, k['cpus']))} of {','.join(map(str, k['affinity']))}, "
+                          f"{k['threads']} threads, {k['nonvoluntary_switches']} preemptions"
+                          for k in state.get("ranks", []))
+        lines.append(f"- `{r.key}`: {1e3 * step_seconds(r.record):.3g} ms a step; load {_load(r)}, runnable "
+                     f"threads {state.get('runnable') or '-'} (min, median, max)" + (f"; ranks: {ranks}" if ranks else ""))
+    return "\n".join(lines)
+
+
+def _load(r: Result) -> str:
+    return report.number(r.load[-1] if r.load else None, 2)
 
 
 def markdown(results: list[Result], verdicts: list[Verdict], matrix: Matrix, meta: dict[str, Any]) -> str:
@@ -273,34 +409,42 @@ def markdown(results: list[Result], verdicts: list[Verdict], matrix: Matrix, met
     commands = meta.get("resumed", []) + [meta["command"]]
     parts = ["".join(f"Command: `{c}`  \n" for c in commands) +
              f"Machine: {m['cpu']}, {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['host']}; "
-             f"1-minute load {meta['load'][0]:.1f} at start, {meta['load'][-1]:.1f} at end; {meta['started']}."]
+             f"1-minute load {meta['load'][0]:.1f} at start, {meta['load'][-1]:.1f} at end; {meta['started']}.  \n"
+             + SPREADS]
     for w in matrix.workloads:
         mine = [r for r in results if r.workload == w.name]
-        training = [r for r in mine if r.runner != "exchange-probe"]
+        training = [r for r in mine if r.runner != PROBE]
         if not training:
             continue
-        parts.append(f"### {w.name}: {w.epochs} epoch(s) x {w.steps_per_epoch} steps per run "
+        seeds = f", {w.seeds} seeds" if w.seeds > 1 else ""
+        parts.append(f"### {w.name}: {w.epochs} epoch(s) x {w.steps_per_epoch} steps per run{seeds} "
                      f"(`{w.config}`)\n\n" + report.markdown(*_training_rows(training, matrix.baseline, verdicts)))
-        if any(r.runner == "exchange-probe" for r in mine):
-            parts.append(f"Exchange of `{w.probe}` alone, median of {w.probe_steps} real gradients, slowest rank:\n\n"
-                         + report.markdown(*_probe_rows(mine)))
+        modes = _modes(training)
+        if modes:
+            parts.append(f"Repeats more than {OUTLIER:.0%} from their entry's median step:\n\n" + modes)
+        if any(r.runner == PROBE for r in mine):
+            parts.append(f"Exchange of `{w.probe}` alone, median of {w.probe_steps} real gradients, slowest rank; "
+                         f"median over the probes (min..max):\n\n" + report.markdown(*_probe_rows(mine, matrix.baseline)))
         reach = _reach_rows(mine, matrix.baseline)
         if reach[1]:
-            parts.append(f"Time to {matrix.baseline}'s final quality (steps from the unshaped run x median step "
-                         f"time of the shaped run):\n\n" + report.markdown(*reach))
+            parts.append(f"Time to {matrix.baseline}'s final quality (the mean over its unshaped repeats; steps "
+                         f"from each unshaped repeat, `never` where one did not reach it, x median step time of "
+                         f"the shaped repeats):\n\n" + report.markdown(*reach))
     if verdicts:
-        parts.append(f"### Targets (against {matrix.baseline} unless they say otherwise)\n\n" + report.markdown(
-            ["workload", "rate", "ranks", "entry", "target", "required", "measured", "verdict"],
-            [[v.workload, v.rate, str(v.ranks), v.subject, v.target, v.required, v.measured, v.word]
-             for v in verdicts]))
+        parts.append(f"### Targets (against {matrix.baseline} unless they say otherwise; decided on the spreads: "
+                     f"undecided where the spread straddles the margin)\n\n" + report.markdown(
+                         ["workload", "rate", "ranks", "entry", "target", "required", "measured", "verdict"],
+                         [[v.workload, v.rate, str(v.ranks), v.subject, v.target, v.required, v.measured, v.word]
+                          for v in verdicts]))
     return "\n\n".join(parts) + "\n"
 
 
 def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
-    """Per workload: quality against training time (steps x step time), bytes and step time per entry."""
+    """Per workload: quality against training time (steps x step time), bytes and step time per entry,
+    each with the repeats' range as error bars."""
     written = []
     for w in matrix.workloads:
-        ran = [r for r in results if r.workload == w.name and r.ok and r.runner != "exchange-probe"]
+        ran = [r for r in results if r.workload == w.name and r.ok and r.runner != PROBE]
         if not ran:
             continue
         name = next((q[0] for r in ran if (q := quality(r.record))), "quality")
@@ -308,10 +452,13 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
         if panels:
             path = out / f"{w.name}-quality.png"
             report.line_plot(panels, str(path), f"{w.name}: validation {name} against wall time per link rate "
-                             f"(unshaped curve x that link's step time)", "wall time (s)", name, log="x")
+                             f"(unshaped curve, mean of the repeats, x that link's step time)", "wall time (s)",
+                             name, log="x")
             written.append(path)
-        front = {r.label: (r.record["bytes_sent_per_step"] / 1e6, q[1]) for r in ran
-                 if r.rate == UNSHAPED and (q := quality(r.record))}
+        by_entry = {key: _records(rs) for key, rs in groups(ran).items()}
+        front = {label: (_median(recs, lambda rec: rec["bytes_sent_per_step"] / 1e6).center, *q.bounds())
+                 for (_, rate, _, label), recs in by_entry.items()
+                 if rate == UNSHAPED and (q := _final(recs)[0]) is not None}
         if front:
             path = out / f"{w.name}-pareto.png"
             report.scatter_plot(front, str(path), f"{w.name}: bytes per step against final {name} (unshaped runs)",
@@ -320,11 +467,11 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
         for name, value, unit, log in (("bytes", lambda rec: rec["bytes_sent_per_step"] / 1e6,
                                         "MB sent per step and rank", True),
                                        ("step", step_seconds, "median step time (s)", False)):
-            groups: dict[str, dict[str, float]] = {}
-            for r in ran:
-                groups.setdefault(f"{r.rate}, {r.ranks} ranks", {})[r.label] = value(r.record)
+            bars: dict[str, dict[str, tuple[float, float, float]]] = {}
+            for (_, rate, n, label), recs in by_entry.items():
+                bars.setdefault(f"{rate}, {n} ranks", {})[label] = _median(recs, value).bounds()
             path = out / f"{w.name}-{name}.png"
-            report.bar_plot(groups, str(path), f"{w.name}: {unit}", unit, log=log)
+            report.bar_plot(bars, str(path), f"{w.name}: {unit}", unit, log=log)
             written.append(path)
     return written
 
@@ -334,14 +481,15 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
 
 def ordered(results: list[Result], matrix: Matrix) -> list[Result]:
     """Results cell by cell (rates from slow to unshaped, then ranks), entries in the matrix's order
-    and the probe last, however the resumed runs that made them were interleaved."""
+    and the probe last, each entry's repeats in order, however the resumed runs that made them were
+    interleaved."""
     labels = [e.label for e in matrix.entries]
 
     def rate(text: str) -> float:
         return math.inf if text == "none" else parse_bandwidth(text)
 
-    return sorted(results, key=lambda r: (rate(r.rate), r.ranks, r.runner == "exchange-probe",
-                                          labels.index(r.label) if r.label in labels else len(labels)))
+    return sorted(results, key=lambda r: (rate(r.rate), r.ranks, r.runner == PROBE,
+                                          labels.index(r.label) if r.label in labels else len(labels), r.repeat))
 
 
 def _write(out: Path, meta: dict[str, Any], results: list[Result], matrix: Matrix) -> list[Verdict]:
@@ -367,14 +515,16 @@ def carried(before: list[Result], jobs: list[Job], report_only: bool = False,
 def run(args: argparse.Namespace) -> int:
     matrix = Matrix.load(args.config, quick=args.quick).select(
         workloads=args.workloads, entries=args.entries, rates=args.rates, ranks=args.ranks, epochs=args.epochs,
-        steps_per_epoch=args.steps_per_epoch, probe_steps=args.probe_steps, timeout_s=args.timeout)
+        steps_per_epoch=args.steps_per_epoch, probe_steps=args.probe_steps, timeout_s=args.timeout,
+        repeats=args.repeats)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     jobs = matrix.jobs()
     if args.dry_run:
         for i, job in enumerate(jobs, 1):
             print(f"[{i}/{len(jobs)}] {job.key}")
+        print(estimate(jobs, out / "bench.json"))
         return 0
+    out.mkdir(parents=True, exist_ok=True)
     earlier = json.loads((out / "bench.json").read_text()) if (args.resume or args.report_only) else {}
     if args.redo and not args.resume:
         raise SystemExit("hvdsketch bench train: --redo reruns part of an earlier bench.json; give --resume too")
@@ -394,8 +544,9 @@ def run(args: argparse.Namespace) -> int:
             meta["resumed"] = earlier.get("resumed", []) + [earlier["command"]]
             meta["started"], meta["load"] = earlier["started"], earlier["load"][:1]
         began = time.time()
-        print(f"hvdsketch bench train: {len(jobs)} runs, timeout {matrix.timeout_s:.0f} s each, "
-              f"load {os.getloadavg()[0]:.1f}, output {out}", flush=True)
+        print(f"hvdsketch bench train: {len(jobs)} runs ({matrix.repeats} repeats), timeout "
+              f"{matrix.timeout_s:.0f} s each, load {os.getloadavg()[0]:.1f}, output {out}", flush=True)
+        print(probe_notice(matrix, jobs), flush=True)
         for i, job in enumerate(jobs, 1):
             if job.key in kept:
                 results.append(kept[job.key])
@@ -417,6 +568,35 @@ def run(args: argparse.Namespace) -> int:
     print(text)
     print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}" + "".join(f", {p}" for p in written))
     return 0
+
+
+def probe_notice(matrix: Matrix, jobs: list[Job]) -> str:
+    """One line on what the probes of ``jobs`` time against, said before anything runs."""
+    probed = sorted({j.workload.name for j in jobs if j.entry is None})
+    missing = [w for w in probed if probe_problem(matrix, w)]
+    if missing:
+        return (f"exchange probe: {', '.join(missing)}: no entry labelled {matrix.baseline!r} (its baseline) in the "
+                f"bench config; those probes are reported unavailable")
+    if probed and matrix.probe_baseline is not None:
+        return (f"exchange probe: --entries leaves out {matrix.baseline}; each probe times {matrix.baseline} too "
+                f"(its baseline; {matrix.baseline} is not trained)")
+    return f"exchange probe: {', '.join(probed)} against {matrix.baseline}" if probed else "exchange probe: none"
+
+
+def estimate(jobs: list[Job], earlier: Path) -> str:
+    """How long ``jobs`` take by the run times of the same cells, entries and steps in ``earlier``."""
+    if not earlier.exists():
+        return f"{len(jobs)} runs; no {earlier} to estimate their time from"
+    seconds: dict[tuple[str, str, int, str, int | None], list[float]] = {}
+    for r in json.loads(earlier.read_text()).get("results", []):
+        if r["status"] == "ok":
+            key = (r["workload"], r["rate"], r["ranks"], r["label"], r["record"].get("steps"))
+            seconds.setdefault(key, []).append(r["seconds"])
+    known = [statistics.median(seconds[key]) for j in jobs
+             if (key := (j.workload.name, j.rate, j.ranks, j.label,
+                         j.workload.probe_steps if j.entry is None else math.prod(j.workload.budget(j.rate)))) in seconds]
+    return (f"{len(jobs)} runs; about {_clock(sum(known))} (h:m:s) by the run times in {earlier}"
+            + (f", {len(jobs) - len(known)} of them not timed there" if len(known) < len(jobs) else ""))
 
 
 def _clock(seconds: float) -> str:

@@ -1,0 +1,80 @@
+"""A figure measured over repeats: its centre and its spread (the smallest and largest value).
+
+Every figure of ``hvdsketch bench train`` is measured k times (the repeats of
+an entry, interleaved with the other entries of its cell). A figure is then a
+:class:`Spread`: the median of the repeats (the mean for quality over seeds)
+and the range ``low..high`` they cover. With k = 3 an interquartile range
+would be two of the three values; the full range is what the repeats showed.
+
+A ratio of two figures (a speed-up) is the ratio of their centres, spread from
+the extreme ratios: ``a.over(b)`` runs from ``a.low / b.high`` to
+``a.high / b.low``, so a target decided on the ratio's whole spread holds
+whichever repeats were the lucky ones. ``math.inf`` is a value like any other
+(a run that never reached a quality took forever); it prints as ``never``.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class Spread:
+    """``center`` (median or mean of ``n`` values) within ``low..high``."""
+
+    center: float
+    low: float
+    high: float
+    n: int = 1
+
+    @classmethod
+    def point(cls, value: float) -> "Spread":
+        return cls(value, value, value, 1)
+
+    @classmethod
+    def median(cls, values: Iterable[float | None]) -> "Spread | None":
+        """The median of the values that are not ``None`` (``None`` if there are none)."""
+        found = [float(v) for v in values if v is not None]
+        return cls(statistics.median(found), min(found), max(found), len(found)) if found else None
+
+    @classmethod
+    def mean(cls, values: Iterable[float | None]) -> "Spread | None":
+        """The mean of the values that are not ``None`` (quality over seeds)."""
+        found = [float(v) for v in values if v is not None]
+        return cls(statistics.fmean(found), min(found), max(found), len(found)) if found else None
+
+    def over(self, other: "Spread") -> "Spread":
+        """``self / other``: the ratio of the centres, spread from the extreme ratios."""
+        return Spread(_div(self.center, other.center), _div(self.low, other.high), _div(self.high, other.low),
+                      min(self.n, other.n))
+
+    def times(self, other: "Spread") -> "Spread":
+        """``self x other``, spread from the extreme products (both positive)."""
+        return Spread(self.center * other.center, self.low * other.low, self.high * other.high, min(self.n, other.n))
+
+    def scaled(self, factor: float) -> "Spread":
+        return Spread(self.center * factor, self.low * factor, self.high * factor, self.n)
+
+    def text(self, digits: int = 4, suffix: str = "", scale: float = 1.0) -> str:
+        """``"50.8 (49.1..52.3)"``; the centre alone where the spread rounds to nothing."""
+        center, low, high = (_fmt(scale * v, digits) for v in (self.center, self.low, self.high))
+        return center + suffix + ("" if low == high else f" ({low}..{high})")
+
+    def percent(self) -> str:
+        """A ratio as a change: ``"+1.2% (-0.5%..+3.0%)"``."""
+        center, low, high = (f"{v - 1:+.1%}" for v in (self.center, self.low, self.high))
+        return center + ("" if low == high else f" ({low}..{high})")
+
+    def bounds(self) -> tuple[float, float, float]:
+        """``(center, low, high)``, as the plots take a figure with its error bar."""
+        return self.center, self.low, self.high
+
+
+def _div(a: float, b: float) -> float:
+    return math.inf if b == 0 else a / b
+
+
+def _fmt(value: float, digits: int) -> str:
+    return "never" if math.isinf(value) else "-" if math.isnan(value) else f"{value:.{digits}g}"
