@@ -1,5 +1,7 @@
 """The training benchmark's parts: matrix config, targets, tables, plots, the scaling model (its byte
 formulas against hvdsketch's MPI counters, under a real mpirun), and one tiny real run on cluster.sh."""
+import argparse
+import dataclasses
 import json
 import math
 import os
@@ -7,16 +9,19 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hvdsketch.lab.bench import report, scaling
+from hvdsketch.lab.bench import report, scaling, train, watch
 from hvdsketch.lab.bench.matrix import Entry, Matrix
-from hvdsketch.lab.bench.targets import Outcome, evaluate
-from hvdsketch.lab.bench.train import Result, _why, carried, markdown, ordered, outcomes, plots
-from hvdsketch.spec import SpecError
+from hvdsketch.lab.bench.spread import Spread
+from hvdsketch.lab.bench.targets import MET, MISSED, UNDECIDED, Outcome, combine, evaluate, judge
+from hvdsketch.lab.bench.train import (Result, _why, carried, markdown, ordered, outcomes, plots, probe_notice,
+                                       probe_problem)
+from hvdsketch.spec import Spec, SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -224,6 +229,153 @@ def test_a_failed_run_is_explained_by_its_exception():
            "FloatingPointError: gradient 'w' is NaN\n-----\nmpirun detected that one or more processes exited\n")
     assert _why(log) == "FloatingPointError: gradient 'w' is NaN"
     assert _why("a\nb\nc\nd\n") == "b / c / d"
+
+
+# --- repeats, spreads and verdicts ---------------------------------------------------------------
+
+
+def test_a_spread_is_the_median_and_a_ratio_spans_the_extreme_ratios():
+    a, b = Spread.median([50.0, 52.0, 90.0]), Spread.median([100.0, 104.0, 110.0])
+    assert (a.center, a.low, a.high, a.n) == (52.0, 50.0, 90.0, 3)
+    ratio = b.over(a)  # b's repeats against a's: 2x at the medians, from 100/90 to 110/50
+    assert ratio.center == pytest.approx(2.0) and ratio.low == pytest.approx(100 / 90)
+    assert ratio.high == pytest.approx(2.2)
+    assert a.text(3) == "52 (50..90)" and Spread.point(0.5).text(3, "x") == "0.5x"
+    assert Spread.median([2.0, 3.0, math.inf]).text() == "3 (2..never)"  # a seed that never reached it
+    assert Spread.median([None, None]) is None and Spread.mean([1.0, 2.0, 6.0]).center == 3.0
+
+
+def test_verdict_rule_met_missed_or_undecided_by_the_spread_against_the_margin():
+    # "A at least 5% faster than B": B's step time over A's at least 1.05
+    assert judge(Spread(1.10, 1.06, 1.15, 3), 1.05, at_most=False) == MET  # even the worst ratio clears it
+    assert judge(Spread(1.00, 0.97, 1.04, 3), 1.05, at_most=False) == MISSED  # even the best fails
+    assert judge(Spread(1.06, 1.00, 1.12, 3), 1.05, at_most=False) == UNDECIDED  # the margin inside the spread
+    assert judge(Spread(0.10, 0.08, 0.25, 3), 0.19, at_most=True) == UNDECIDED
+    assert combine([MET, UNDECIDED]) == UNDECIDED and combine([MET, MISSED, UNDECIDED]) == MISSED
+    assert combine([MET, MET]) == MET
+
+
+def test_targets_on_overlapping_repeats_are_undecided_and_on_separated_ones_decided():
+    def fashion(none_ms):
+        return {("fashion", "1gbit", 4): {"dense": Outcome(Spread.median([0.050, 0.051, 0.052]), 0.8, True),
+                                          "none": Outcome(Spread.median([s / 1e3 for s in none_ms]), 0.8, True)}}
+
+    def verdict(cells):
+        (found,) = [v for v in evaluate(cells, "sketch", "dense", cells) if v.target == "hvdsketch none"]
+        return found
+
+    # within 3%: none's slowest (52.5) against dense's fastest (50) is 5% slower, its fastest is faster
+    assert verdict(fashion([49.0, 51.0, 52.5])).word == UNDECIDED
+    assert verdict(fashion([50.0, 50.5, 51.0])).word == MET  # 51 / 50: +2% at worst
+    missed = verdict(fashion([56.0, 57.0, 58.0]))  # 56 / 52: +7.7% at best
+    assert missed.word == MISSED and missed.met is False and "(50..52 ms)" not in missed.measured
+    assert "57 (56..58) vs 51 (50..52) ms" in missed.measured
+    # a seed that never reached dense's quality makes "exact reaches dense" undecided, none reaching: missed
+    some = {("lstm", "1gbit", 2): {"dense": Outcome(1.0, 100.0, False, time_to_target_s=10.0),
+                                   "union": Outcome(1.0, 101.0, False,
+                                                    time_to_target_s=Spread.median([8.0, 9.0, math.inf]))}}
+    (reach,) = [v for v in evaluate(some, "sketch", "dense", some) if v.target == "exact reaches dense"]
+    assert reach.word == UNDECIDED and "some seeds reached" in reach.measured
+
+
+def test_repeats_of_a_seeded_workload_train_from_their_own_seeds(tmp_path):
+    import yaml
+
+    train = write(tmp_path, "w.yaml", "workload: lstm:batch_size=4,seed=5\nlr: 1.0\n")
+    config = write(tmp_path, "bench.yaml", f"""\
+        rates: [none]
+        ranks: [2]
+        repeats: 4
+        workloads:
+          lstm: {{config: {train}, seeds: 3}}
+          plain: {{config: {train}}}
+        entries: [{{label: dense, compression: none, path: horovod}}]
+        """)
+    seeds = {}
+    for job in Matrix.load(config).jobs():
+        job.command(tmp_path / job.key, [])
+        flag = yaml.safe_load((tmp_path / job.key / "config.yaml").read_text())["workload"]
+        seeds[job.workload.name, job.repeat] = Spec.parse(flag).options["seed"]
+    assert [seeds["lstm", r] for r in (1, 2, 3, 4)] == ["5", "6", "7", "5"]  # the workload's seed, then on
+    assert {seeds["plain", r] for r in (1, 2, 3, 4)} == {"5"}  # one seed: its config's, unchanged
+    from hvdsketch.lab.workloads import get
+
+    assert get("lstm:batch_size=4,seed=6").seed == 6  # hvdsketch train takes the seed from the flag
+
+
+def test_the_probe_times_its_baseline_when_the_entries_leave_it_out(bench_config, tmp_path):
+    import yaml
+
+    matrix = Matrix.load(bench_config).select(workloads=["fashion"], entries=["sketch"], rates=["1gbit"], ranks=[2],
+                                              repeats=1)
+    assert [j.key for j in matrix.jobs()] == ["fashion-1gbit-np2-sketch-r1", "fashion-1gbit-np2-exchange-probe-r1"]
+    assert [e.label for e in matrix.probe_entries("fashion")] == ["dense", "sketch"]  # dense probed, not trained
+    command = matrix.jobs()[1].command(tmp_path, matrix.probe_entries("fashion"), matrix.baseline)
+    assert command[command.index("--baseline") + 1] == "dense"
+    assert [e["label"] for e in yaml.safe_load((tmp_path / "entries.yaml").read_text())] == ["dense", "sketch"]
+    assert "leaves out dense; each probe times dense too" in probe_notice(matrix, matrix.jobs())
+    assert probe_problem(matrix, "fashion") is None
+    lacking = dataclasses.replace(Matrix.load(bench_config), baseline="nope").select(repeats=1)
+    assert "needs its baseline" in probe_problem(lacking, "fashion")
+    assert "no entry labelled 'nope'" in probe_notice(lacking, lacking.jobs())
+
+
+def test_report_only_shows_spreads_marks_an_outlying_repeat_and_resumes_by_repeat(bench_config, tmp_path, capsys):
+    """A fake bench.json of 3 repeats (one of sketch's runs in the slow mode), rebuilt by --report-only."""
+    out = tmp_path / "out"
+    out.mkdir()
+    steps = {"dense": [1.0, 1.02, 0.98], "sketch": [0.5, 0.9, 0.51]}
+    results = [result("fashion", label, rec=record(s, 0.8, metric="accuracy"), repeat=r + 1)
+               for label, times in steps.items() for r, s in enumerate(times)]
+    results[4].machine_state = {"samples": 3, "runnable": [2, 5, 9], "ranks": [
+        {"pid": 1, "affinity": [0, 1], "threads": 12, "cpus": [0], "nonvoluntary_switches": 4000}]}
+    meta = {"command": "hvdsketch bench train", "started": "now", "load": [1.0, 2.0],
+            "machine": {"cpu": "cpu", "nproc": 2, "memory_gib": 4.0, "host": "h"}}
+    (out / "bench.json").write_text(json.dumps({**meta, "results": [dataclasses.asdict(r) for r in results]}))
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    args = parser.parse_args(["--config", bench_config, "--workloads", "fashion", "--entries", "dense,sketch",
+                              "--rates", "1gbit", "--ranks", "2", "--out", str(out), "--report-only"])
+    assert train.run(args) == 0
+    text = (out / "bench.md").read_text()
+    rows = {line.split("|")[3].strip(): line for line in text.splitlines() if line.startswith("| 1gbit")}
+    assert "| 3 ok |" in rows["sketch"] and " 510 (500..900) |" in rows["sketch"]  # median (min..max), ms
+    assert "1.96x (1.09..2.04)" in rows["sketch"]  # 1000/510, 980/900, 1020/500
+    assert "| 500 900! 510 " in rows["sketch"] and "| 1000 1020 980 " in rows["dense"]
+    assert "`fashion-1gbit-np2-sketch-r2`: 900 ms a step" in text and "4000 preemptions" in text
+    assert "median over the repeats (min..max)" in text
+    assert sorted(p.name for p in out.glob("*.png")) == ["fashion-bytes.png", "fashion-step.png"]
+    saved = json.loads((out / "bench.json").read_text())
+    assert [r["key"] for r in saved["results"]][:3] == [f"fashion-1gbit-np2-dense-r{r}" for r in (1, 2, 3)]
+    # --resume with --repeats 2 keeps repeats 1 and 2 for the jobs and repeat 3 as a result outside them
+    jobs = Matrix.load(bench_config).select(workloads=["fashion"], entries=["dense"], rates=["1gbit"], ranks=[2],
+                                            repeats=2).jobs()
+    others, kept = carried(results, jobs)
+    assert sorted(kept) == ["fashion-1gbit-np2-dense-r1", "fashion-1gbit-np2-dense-r2"]
+    assert "fashion-1gbit-np2-dense-r3" in [r.key for r in others]
+
+
+def test_the_watch_finds_a_runs_processes_and_reads_their_cpus(tmp_path):
+    run_dir = tmp_path / "runs" / "x-r1"
+    run_dir.mkdir(parents=True)
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"
+    other = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "runs" / "x-r10" / "config.yaml")])
+    mine = subprocess.Popen([sys.executable, "-c", code, str(run_dir / "config.yaml")])
+    try:
+        time.sleep(1.0)
+        assert watch.rank_pids(str(run_dir)) == [mine.pid]  # not x-r10's
+        w = watch.Watch(run_dir)
+        w.sample()
+        w.sample()
+        summary = w.summary()
+        (rank,) = summary["ranks"]
+        assert rank["pid"] == mine.pid and rank["threads"] >= 2
+        assert set(rank["cpus"]) <= set(rank["affinity"]) == os.sched_getaffinity(mine.pid)
+        assert summary["samples"] == 2 and 1 <= summary["runnable"][0] <= summary["runnable"][2]
+    finally:
+        for proc in (mine, other):
+            proc.kill()
+            proc.wait()
 
 
 # --- the scaling model ----------------------------------------------------------------------------

@@ -306,7 +306,7 @@ def by_repeat(repeats: list[Result]) -> str:
             cells.append("-")
             continue
         step = step_seconds(r.record)
-        cells.append(f"{1e3 * step:.3g}" + ("!" if abs(step / median.center - 1) > OUTLIER else ""))
+        cells.append(f"{1e3 * step:.4g}" + ("!" if abs(step / median.center - 1) > OUTLIER else ""))
     return " ".join(cells)
 
 
