@@ -276,6 +276,9 @@ def test_targets_on_overlapping_repeats_are_undecided_and_on_separated_ones_deci
                                                     time_to_target_s=Spread.median([8.0, 9.0, math.inf]))}}
     (reach,) = [v for v in evaluate(some, "sketch", "dense", some) if v.target == "exact reaches dense"]
     assert reach.word == UNDECIDED and "some seeds reached" in reach.measured
+    del some["lstm", "1gbit", 2]["dense"]  # no baseline ran: nothing to reach
+    (reach,) = [v for v in evaluate(some, "sketch", "dense", some) if v.target == "exact reaches dense"]
+    assert reach.word == "not measured"
 
 
 def test_repeats_of_a_seeded_workload_train_from_their_own_seeds(tmp_path):

@@ -49,6 +49,8 @@ import yaml
 from hvdsketch.spec import Spec, SpecError
 
 TRAIN = "train"
+#: The label and runner name of a cell's exchange probe.
+PROBE = "exchange-probe"
 
 
 def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
@@ -187,7 +189,7 @@ class Job:
 
     @property
     def label(self) -> str:
-        return self.entry.label if self.entry else "exchange-probe"
+        return self.entry.label if self.entry else PROBE
 
     @property
     def key(self) -> str:

@@ -227,8 +227,8 @@ def soonest_to_target(at_least: float) -> Check:
 
 def reaches_target(cell, subject, baseline):
     ran = {label: o for label, o in cell.items() if label in EXACT and o.quality is not None}
-    if not ran:
-        return None
+    if not ran or getattr(cell.get(baseline), "time_to_target_s", None) is None:
+        return None  # nothing ran, or no final quality of the baseline to reach
     said = {True: "reached", False: "not reached", None: "some seeds reached"}
     return (", ".join(f"{label} {said[o.reached]}" + ("" if o.reached else f" ({o.quality.text()})")
                       for label, o in ran.items()),

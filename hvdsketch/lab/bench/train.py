@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdsketch.lab.bench import report
-from hvdsketch.lab.bench.matrix import UNSHAPED, Job, Matrix
+from hvdsketch.lab.bench.matrix import PROBE, UNSHAPED, Job, Matrix
 from hvdsketch.lab.bench.quality import metric, step_seconds, times_to_target, wall_time_curves
 from hvdsketch.lab.bench.spread import Spread
 from hvdsketch.lab.bench.targets import Outcome, Verdict, evaluate
@@ -68,8 +68,6 @@ from hvdsketch.policy.cost import parse_bandwidth
 
 #: The emulated cluster, from the project's checkout (the benchmark runs from its root).
 CLUSTER = os.environ.get("HVDSKETCH_CLUSTER", "launch/cluster.sh")
-#: The runner name of a cell's exchange probe.
-PROBE = "exchange-probe"
 #: A repeat whose step time is further than this from its entry's median is flagged (another mode).
 OUTLIER = 0.10
 #: Seconds between two samples of the machine while a run runs.
@@ -354,7 +352,7 @@ def _training_rows(results: list[Result], baseline: str, verdicts: list[Verdict]
 
 
 def _probe_rows(results: list[Result], baseline: str) -> tuple[list[str], list[list[str]]]:
-    headers = ["rate", "ranks", "entry", "probes", f"exchange ms", f"vs {baseline}", "MB/step"]
+    headers = ["rate", "ranks", "entry", "probes", "exchange ms", f"vs {baseline}", "MB/step"]
     probes = [r for r in results if r.runner == PROBE]
     rows = [[r.rate, str(r.ranks), f"probe r{r.repeat} {r.status}: {r.message}"[:80], "-", "-", "-", "-"]
             for r in probes if not r.ok]
@@ -416,7 +414,8 @@ def markdown(results: list[Result], verdicts: list[Verdict], matrix: Matrix, met
         training = [r for r in mine if r.runner != PROBE]
         if not training:
             continue
-        seeds = f", {w.seeds} seeds" if w.seeds > 1 else ""
+        seeds = min(w.seeds, matrix.repeats)
+        seeds = f", repeats from {seeds} seeds" if seeds > 1 else ""
         parts.append(f"### {w.name}: {w.epochs} epoch(s) x {w.steps_per_epoch} steps per run{seeds} "
                      f"(`{w.config}`)\n\n" + report.markdown(*_training_rows(training, matrix.baseline, verdicts)))
         modes = _modes(training)
@@ -539,7 +538,7 @@ def run(args: argparse.Namespace) -> int:
                 "machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "load": [os.getloadavg()[0]],
                 "matrix": {"config": args.config, "quick": args.quick, "rates": list(matrix.rates),
                            "ranks": list(matrix.ranks), "baseline": matrix.baseline, "subject": matrix.subject,
-                           "timeout_s": matrix.timeout_s}}
+                           "timeout_s": matrix.timeout_s, "repeats": matrix.repeats}}
         if args.resume and "command" in earlier:  # the runs kept were made by the earlier commands
             meta["resumed"] = earlier.get("resumed", []) + [earlier["command"]]
             meta["started"], meta["load"] = earlier["started"], earlier["load"][:1]

@@ -79,12 +79,16 @@ class Watch:
             state = rank_state(pid)
             if state is None:
                 continue
-            seen = self.ranks.get(pid, {}).get("cpus", [])
-            self.ranks[pid] = {**state, "cpus": sorted(set(seen) | set(state["cpus"]))}
+            seen = self.ranks.get(pid, {"cpus": [], "threads": 0, "nonvoluntary_switches": 0})
+            self.ranks[pid] = {**state, "cpus": sorted(set(seen["cpus"]) | set(state["cpus"])),
+                               # the most seen: threads that ended take their counts with them
+                               "threads": max(seen["threads"], state["threads"]),
+                               "nonvoluntary_switches": max(seen["nonvoluntary_switches"],
+                                                            state["nonvoluntary_switches"])}
 
     def summary(self) -> dict[str, Any]:
-        """``runnable``: [min, median, max] over the samples; ``ranks``: each rank process at its last
-        sample (``cpus``: every CPU its threads were seen on)."""
+        """``runnable``: [min, median, max] over the samples; ``ranks``: each rank process's affinity,
+        the most threads and involuntary switches seen, and every CPU its threads were seen on."""
         spread = ([min(self.runnable), statistics.median(self.runnable), max(self.runnable)]
                   if self.runnable else [])
         return {"samples": len(self.runnable), "runnable": spread, "ranks": list(self.ranks.values())}
