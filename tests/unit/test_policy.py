@@ -40,7 +40,7 @@ def decide(tensor: np.ndarray, link: Link, size: int, policy: AutoPolicy = AutoP
 @pytest.mark.parametrize("size", [2, 4])
 def test_row_sparse_embedding_on_a_slow_link_is_compressed_well_below_fp16(size):
     choice = decide(row_sparse(30000, 256, 0.01), Link(LATENCY, GBIT), size)
-    assert choice.split(":")[0] in ("allgather", "union", "topk", "sketch", "powersgd"), choice
+    assert choice.split(":")[0] in ("allgather", "union", "balanced", "topk", "sketch", "powersgd"), choice
 
 
 def test_small_bias_stays_dense():

@@ -54,7 +54,7 @@ def test_eager_auto_decides_after_warmup_and_ranks_agree(hvd, assert_replicas_id
     assert table is not None and agreed(hvd, repr([(r.tensor, r.compressor, r.density) for r in table]))
     embedding = table[0]
     assert embedding.shape == (3000, 16) and embedding.density < 0.2  # measured on the IndexedSlices
-    assert embedding.compressor.split(":")[0] in ("allgather", "union", "topk", "sketch", "powersgd")  # compressed
+    assert embedding.compressor.split(":")[0] in ("allgather", "union", "balanced", "topk", "sketch", "powersgd")  # compressed
     assert_replicas_identical(model, "policy.replicas")
 
 

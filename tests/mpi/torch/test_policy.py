@@ -87,7 +87,7 @@ def test_training_through_auto_is_the_announced_exchange(hvd):
     params, report = train(hvd, f"auto:warmup=3,{SLOW}")
     decided = {row["tensor"]: row["compressor"] for row in report["assignment"]}
     assert set(decided) == {"0.weight", "2.weight", "2.bias", "4.weight", "4.bias"}
-    assert decided["0.weight"].split(":")[0] in ("allgather", "union", "topk", "sketch", "powersgd")  # compressed
+    assert decided["0.weight"].split(":")[0] in ("allgather", "union", "balanced", "topk", "sketch", "powersgd")  # compressed
     assert any(flag != "none" for name, flag in decided.items() if name != "0.weight")
     reference, _ = train(hvd, Scripted(3, decided))
     assert torch.equal(params, reference)
