@@ -229,6 +229,9 @@ def test_a_failed_run_is_explained_by_its_exception():
            "FloatingPointError: gradient 'w' is NaN\n-----\nmpirun detected that one or more processes exited\n")
     assert _why(log) == "FloatingPointError: gradient 'w' is NaN"
     assert _why("a\nb\nc\nd\n") == "b / c / d"
+    exited = ("hvdsketch bench exchange: no entry labelled 'dense' (the baseline)\n"
+              "Primary job  terminated normally, but 1 process returned\nExit code: 1\n")
+    assert _why(exited) == "hvdsketch bench exchange: no entry labelled 'dense' (the baseline)"
 
 
 # --- repeats, spreads and verdicts ---------------------------------------------------------------

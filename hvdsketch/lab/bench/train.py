@@ -189,10 +189,14 @@ def probe_problem(matrix: Matrix, workload: str) -> str | None:
 
 
 def _why(log: str) -> str:
-    """The first Python exception a log reports (every rank prints the same one), else its last lines."""
+    """The first Python exception a log reports (every rank prints the same one), else the first
+    message a command of this project exited with (``hvdsketch ...: why``; mpirun's ``Exit code: 1``
+    says nothing), else its last lines."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
-    raised = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Exit)\b.*:", line)]
-    return (raised[0] if raised else " / ".join(lines[-3:]))[:300]
+    raised = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Exit)\b.*:", line)
+              and not line.startswith("Exit code")]
+    said = [line for line in lines if re.match(r"^hvdsketch [a-z ]+: ", line)]
+    return (raised[0] if raised else said[0] if said else " / ".join(lines[-3:]))[:300]
 
 
 def _stop(proc: subprocess.Popen) -> None:
