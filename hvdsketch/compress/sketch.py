@@ -27,7 +27,11 @@ message sizes repeat across steps. The first exchange of a tensor is sized
 from ``density`` if given, else sent dense (and its dense average shows the
 union). A union that outgrows its plan is seen alike by every rank in the
 reduced bitmap: that step's recovery is less accurate (error feedback returns
-what this rank's sketch missed) and the next step resizes. When cells and
+what this rank's sketch missed) and the next step resizes; a union more than
+:data:`~hvdsketch.compress.sizing.OVERFLOW` times its plan's bound (a fixed
+``density`` meeting a dense layer; inside ``tf.function``, where the traced
+plan stays, at every step) warns once per tensor, naming it and the expected
+error, on every rank alike. When cells and
 bitmap would not be smaller than the tensor, it is sent dense, decided alike
 on every rank; such a tensor stays dense without counting for ``recheck``
 exchanges.
