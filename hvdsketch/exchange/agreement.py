@@ -1,8 +1,14 @@
 """Ranks must run the same setup at the same step; this checks they do, and fails alike on every rank.
 
 Two checks. At start, one allgather of a digest of the setup (compressor or
-policy, residual memory, every tensor's name and shape): every rank sees every
-digest, so every rank reaches the same verdict and none hangs. Every step, a
+policy, residual memory, every tensor's name, shape, dtype and whether this rank
+exchanges it: :func:`tensors`): every rank sees every digest, so every rank
+reaches the same verdict and none hangs. Only where the digests differ do the
+ranks allgather their descriptions themselves (:func:`allgather_objects`), so
+every rank names the same first difference with each side's value
+(:func:`difference`: "tensor 'fc.weight' is float32 (16, 8) on rank 0 but
+float16 (16, 8) on rank 1"). ``hvdsketch train`` compares its resolved config
+with :func:`difference` too. Every step, a
 tiny ``max`` allreduce of ``(step, -step, setup, -setup, activity, -activity)``
 rides beside the gradients' collectives (:func:`step_message`) and is checked
 before any gradient is waited for (ranks running different setups start
@@ -21,15 +27,19 @@ the mismatch in the reduced tag and raise (:func:`step_error`).
 from __future__ import annotations
 
 import hashlib
+import pickle
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
-from hvdsketch.collectives import Communicator, reduce
+import numpy as np
+
+from hvdsketch.collectives import Communicator, reduce, side_channel
 from hvdsketch.compress.base import Message
 
 
 class AgreementError(RuntimeError):
-    """Ranks run with different compression setups, tensor shapes or steps."""
+    """Ranks run with different compression setups, models (tensors' names, shapes, dtypes, which
+    take part) or steps."""
 
 
 def digest(text: str, bits: int = 62) -> int:
@@ -37,18 +47,75 @@ def digest(text: str, bits: int = 62) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> (64 - bits)
 
 
-def verify(communicator: Communicator, description: str, ops: ModuleType) -> None:
-    """Fail on every rank unless all ranks pass the same ``description`` (its digest travels in host
-    memory: control, not gradient data).
+class Tensor(NamedTuple):
+    """One tensor as the ranks compare it at start."""
 
-    Works eagerly (raises :class:`AgreementError`) and inside ``tf.function`` (an assertion op).
-    """
-    local = ops.host_constant([digest(description)], "int64")
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    #: Why this rank leaves the tensor out of the exchange (``"requires_grad=False"``); empty where it
+    #: takes part. A tensor one rank exchanges and another does not would leave the first waiting.
+    left_out: str = ""
+
+
+def tensors(described: Sequence[Tensor]) -> dict[str, str]:
+    """``described`` as entries of a description: ``"tensor 'fc.weight'": "float32 (16, 8)"``."""
+    return {f"tensor {t.name!r}": f"{t.dtype} {tuple(t.shape)}" + (f", left out ({t.left_out})" if t.left_out else "")
+            for t in described}
+
+
+def allgather_objects(communicator: Communicator, obj: Any, name: str, ops: ModuleType) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order: one round of two allgathers (sizes, bytes) of
+    host tensors of the ``ops`` back-end, on a side channel of ``communicator`` (control, counted
+    apart from gradient bytes)."""
+    blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    size = ops.host_constant([blob.size], "int64")
+    sizes, data = reduce(side_channel(communicator),
+                         [Message(size, "allgather"), Message(ops.from_numpy(blob, size), "allgather")], name)
+    ends = np.cumsum(ops.to_numpy(sizes))
+    data = ops.to_numpy(data)
+    return [pickle.loads(data[end - size:end].tobytes()) for end, size in zip(ends, ops.to_numpy(sizes))]
+
+
+_ABSENT = object()
+
+
+def difference(everyone: Sequence[Mapping[str, Any]]) -> str | None:
+    """The first difference between rank 0's description and another rank's (``None``: all the
+    same), named by its key with both values; every rank that has every description names the same."""
+    first = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], 1):
+        if dict(theirs) == dict(first):
+            if list(theirs) != list(first):
+                return f"rank {rank} has the same entries as rank 0 in another order ({', '.join(list(theirs)[:3])}, ...)"
+            continue
+        keys = list(first) + [key for key in theirs if key not in first]
+        key = next(key for key in keys if first.get(key, _ABSENT) != theirs.get(key, _ABSENT))
+        return f"{key} is {_shown(first.get(key, _ABSENT))} on rank 0 but {_shown(theirs.get(key, _ABSENT))} on rank {rank}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    return "absent" if value is _ABSENT else str(value)
+
+
+def verify(communicator: Communicator, description: Mapping[str, str], ops: ModuleType,
+           advice: str = "start every rank with the same compression (--compression / HVDSKETCH_COMPRESSION / "
+                         "config), memory and model (parameters, their dtypes and requires_grad)") -> int:
+    """Fail alike on every rank unless all ranks pass the same ``description`` (its entries in order);
+    the 40-bit digest of it, which every step's tag carries, where they do.
+
+    One allgather of a digest (host memory: control, not gradient data); where the digests differ,
+    one more of the descriptions, so the :class:`AgreementError` every rank raises names what differs.
+    Eager: TensorFlow's adapters call it in ``tf.init_scope``."""
+    text = "\n".join(f"{key}={value}" for key, value in description.items())
+    local = ops.host_constant([digest(text)], "int64")
     (gathered,) = reduce(communicator, [Message(local, "allgather")], "hvdsketch.agreement")
-    ops.check_all_equal(
-        gathered, f"hvdsketch: ranks run different compression setups or models (rank "
-                  f"{communicator.rank} runs: {description[:300]}); start every rank with the same "
-                  f"--compression / HVDSKETCH_COMPRESSION / config and the same model", AgreementError)
+    if len(set(ops.to_numpy(gathered).tolist())) > 1:  # the same verdict on every rank: all gather next
+        everyone = allgather_objects(communicator, dict(description), "hvdsketch.agreement.described", ops)
+        raise AgreementError(f"hvdsketch: ranks run different compression setups or models: "
+                             f"{difference(everyone)}; {advice}")
+    return digest(text, bits=40)
 
 
 #: What a rank sends its step tag for (the tag's third pair).

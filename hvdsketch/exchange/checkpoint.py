@@ -46,14 +46,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import warnings
 from typing import Any, Callable, ContextManager, Mapping, Sequence
 
-import numpy as np
-
-from hvdsketch.collectives import reduce, side_channel
-from hvdsketch.compress.base import Message
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.exchanger import Exchanger, without_residuals
 
@@ -68,16 +63,9 @@ class StateReset(UserWarning):
 
 
 def allgather_objects(exchanger: Exchanger, obj: Any, name: str, ops: Any) -> list[Any]:
-    """Every rank's ``obj`` (picklable), in rank order: one round of two allgathers (sizes, bytes) of
-    host tensors of the ``ops`` back-end, on a side channel of the exchanger's communicator."""
-    blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-    size = ops.host_constant([blob.size], "int64")
-    sizes, data = reduce(side_channel(exchanger.communicator),
-                         [Message(size, "allgather"), Message(ops.from_numpy(blob, size), "allgather")],
-                         f"{exchanger.prefix}.{name}")
-    ends = np.cumsum(ops.to_numpy(sizes))
-    data = ops.to_numpy(data)
-    return [pickle.loads(data[end - size:end].tobytes()) for end, size in zip(ends, ops.to_numpy(sizes))]
+    """Every rank's ``obj`` (picklable), in rank order, under the exchanger's prefix
+    (:func:`hvdsketch.exchange.agreement.allgather_objects`)."""
+    return agreement.allgather_objects(exchanger.communicator, obj, f"{exchanger.prefix}.{name}", ops)
 
 
 def _setup(exchanger: Exchanger) -> tuple[str, str | None]:
@@ -164,11 +152,11 @@ def in_elastic_job() -> bool:
     return bool(int(os.environ.get("HOROVOD_ELASTIC", 0)))
 
 
-def begin(exchanger: Exchanger, tensors: Callable[[], Sequence[tuple[str, tuple[int, ...]]]], ops: Any,
+def begin(exchanger: Exchanger, tensors: Callable[[], Sequence[agreement.Tensor]], ops: Any,
           rejoin: bool = False, scope: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
     """:func:`join` where a world begins: the exchanger's first step, its first in a world of
     another size, or where the adapter says so (``rejoin``: Horovod elastic's sync). ``tensors()``
-    (the adapter's names and shapes) is asked for, and ``scope()`` (TensorFlow's eager
+    (the adapter's tensors as the ranks compare them) is asked for, and ``scope()`` (TensorFlow's eager
     ``tf.init_scope``) entered, only then. Ranks that disagree reset alike where a world changes
     under Horovod elastic (an exchanger that has run, a sync, a worker of an elastic job), else raise."""
     if rejoin or not exchanger.verified or exchanger.world != exchanger.communicator.size:
@@ -176,7 +164,7 @@ def begin(exchanger: Exchanger, tensors: Callable[[], Sequence[tuple[str, tuple[
             join(exchanger, tensors(), ops, elastic=rejoin or exchanger.verified or in_elastic_job())
 
 
-def join(exchanger: Exchanger, tensors: Sequence[tuple[str, tuple[int, ...]]], ops: Any,
+def join(exchanger: Exchanger, tensors: Sequence[agreement.Tensor], ops: Any,
          elastic: bool = False) -> None:
     """Begin a world: collective; see the module docstring."""
     exchanger.verify(tensors, ops)

@@ -18,7 +18,8 @@ named as overflow. Then, at the step boundary, the policy may look at the step's
 gradients and decide for the next steps (``auto``).
 
 A wait that lasts ``HVDSKETCH_STALL_SECONDS`` (default 30) is reported on that
-rank with what it waits for, every as many seconds until it ends
+rank with what it waits for, every as many seconds until it ends, and ends the
+job after Horovod's ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` where that is set
 (:mod:`~hvdsketch.exchange.watchdog`).
 
 Inside ``tf.function`` a step is fixed when the function is traced, and a rank
@@ -54,7 +55,7 @@ from hvdsketch.exchange import agreement
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
 from hvdsketch.exchange.flight import Flight
 from hvdsketch.exchange.ordering import LaunchOrder
-from hvdsketch.exchange.watchdog import Watchdog
+from hvdsketch.exchange.watchdog import Watchdog, shutdown_seconds
 from hvdsketch.memory import Fp32, Memory
 from hvdsketch.ops import backend
 
@@ -102,7 +103,7 @@ class Exchanger:
         self.world: int | None = None
         #: Residuals of the methods whose error feedback is their own, when ``memory`` is ``None``.
         self.own_memory = Memory(default=Fp32(), spec="fp32")
-        self.watchdog = Watchdog(float(os.environ.get("HVDSKETCH_STALL_SECONDS", 30)))
+        self.watchdog = Watchdog(float(os.environ.get("HVDSKETCH_STALL_SECONDS", 30)), shutdown_seconds())
         self._waiting_for = ""
         #: How long :meth:`check_in` waits for the other ranks (``HVDSKETCH_CHECKIN_SECONDS``).
         self.checkin_seconds = float(os.environ.get("HVDSKETCH_CHECKIN_SECONDS", 300))
@@ -127,15 +128,14 @@ class Exchanger:
 
     # -- setup ------------------------------------------------------------------------------------
 
-    def verify(self, tensors: Sequence[tuple[str, tuple[int, ...]]], ops: Any) -> None:
-        """Check once that every rank runs the same policy, memory and ``tensors`` (names and shapes,
-        in the order the adapter knows them, which orders the policy's view of a step); the digest
-        is part of every step's check from here on."""
-        self.order = {name: i for i, (name, _) in enumerate(tensors)}
-        layout = ";".join(f"{name}:{tuple(shape)}" for name, shape in tensors)
-        full = f"{self.policy}|{self.memory}|{self.op}|{self.sparse_as_dense}|{layout}"
-        agreement.verify(self.communicator, full, ops)
-        self._setup = agreement.digest(full, bits=40)
+    def verify(self, tensors: Sequence[agreement.Tensor], ops: Any) -> None:
+        """Check once that every rank runs the same policy, memory and ``tensors`` (names, shapes,
+        dtypes, which take part, in the order the adapter knows them, which orders the policy's view
+        of a step); the digest is part of every step's check from here on."""
+        self.order = {t.name: i for i, t in enumerate(tensors)}
+        setup = {"compression": str(self.policy), "memory": str(self.memory), "op": self.op,
+                 "sparse_as_dense": str(self.sparse_as_dense)}
+        self._setup = agreement.verify(self.communicator, {**setup, **agreement.tensors(tensors)}, ops)
         self.verified = True
 
     def expect(self, names: Sequence[str]) -> None:
@@ -303,7 +303,7 @@ class Exchanger:
     def _stalled(self, waited: float) -> str:
         return (f"hvdsketch: rank {self.communicator.rank} has waited {waited:.0f} s at step {self.step} for "
                 f"{self._waiting_for} (in flight: {', '.join(self._flights) or '-'}); another rank may not "
-                f"have started the same exchanges")
+                f"have started the same exchanges (it stopped early, waits elsewhere, or runs another model)")
 
     def _check_step(self, tag: Any) -> None:
         """Every rank sent the same step, setup and activity, else the same error on every rank (the

@@ -4,10 +4,16 @@ Waiting for a collective blocks in the communicator (Horovod's ``synchronize``
 waits in C++), which is what the fastest steps need. A watchdog thread looks,
 once a second, at what the exchanger is waiting for, and prints it every
 ``seconds`` while the wait lasts: a rank that waits for an exchange another rank
-never starts names the exchange instead of hanging in silence.
+never starts names the exchange instead of hanging in silence. A wait that lasts
+``limit`` seconds ends the job: the watchdog prints the report once more and ends
+this process (the main thread is blocked in C++, where no exception reaches it),
+and the launcher (``mpirun``, ``horovodrun``) ends the other ranks. The limit is
+Horovod's own ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (:func:`shutdown_seconds`),
+so one setting ends the stalls of Horovod's collectives and of hvdsketch's alike.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -15,11 +21,25 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 
-class Watchdog:
-    """Reports, every ``seconds``, a wait that is still going on."""
+#: Horovod's setting: seconds after which a stalled job is shut down (unset or 0: never).
+SHUTDOWN = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+
+def shutdown_seconds() -> float:
+    """The stall limit ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` gives, as Horovod reads it (0: none)."""
+    text = os.environ.get(SHUTDOWN, "").strip() or "0"
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        raise ValueError(f"hvdsketch: {SHUTDOWN}={text!r} is not a number of seconds") from None
+
+
+class Watchdog:
+    """Reports, every ``seconds``, a wait that is still going on; ends the process once it has
+    lasted ``limit`` seconds (0: never)."""
+
+    def __init__(self, seconds: float, limit: float = 0.0) -> None:
+        self.seconds, self.limit = seconds, limit
         self._lock = threading.Lock()
         self._since: float | None = None
         self._describe: Callable[[float], str] | None = None
@@ -50,6 +70,11 @@ class Watchdog:
             if since != session:
                 session, due = since, since + self.seconds
             now = time.monotonic()
+            if self.limit and now - since >= self.limit:
+                print(f"{describe(now - since)}; ending this rank after the stall limit {SHUTDOWN}="
+                      f"{self.limit:g}", file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                os._exit(1)
             if now >= due:
                 due = now + self.seconds
                 print(describe(now - since), file=sys.stderr, flush=True)

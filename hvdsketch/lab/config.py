@@ -107,6 +107,21 @@ class TrainConfig:
         return cls(**raw)
 
 
+def agree(config: TrainConfig, hvd: Any) -> None:
+    """Fail alike on every rank unless every rank runs the same resolved config (every key but
+    ``out``, where rank 0 alone writes): one ``hvd.allgather_object`` of it, before any model or
+    optimizer is made, so that ranks on different paths (``hvdsketch`` and ``horovod``) meet here
+    rather than in collectives of different names, and ranks with different ``lr``, ``optimizer`` or
+    ``clip`` do not train replicas that drift apart."""
+    from hvdsketch.exchange.agreement import difference
+
+    mine = {f"config key {key!r}": value for key, value in dataclasses.asdict(config).items() if key != "out"}
+    differs = difference(hvd.allgather_object(mine, name="hvdsketch.train.config"))
+    if differs:
+        raise SpecError(f"config: ranks run different configs: {differs}; give every rank the same --config "
+                        f"file, options and {spec.ENV_VAR}")
+
+
 def environment() -> dict[str, Any]:
     """Where the run ran, for its record."""
     return {"host": os.uname().nodename, "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}

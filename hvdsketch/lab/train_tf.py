@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from hvdsketch.collectives.stats import ring_allreduce_bytes
 from hvdsketch.spec import SpecError
-from hvdsketch.lab.config import TrainConfig, environment
+from hvdsketch.lab.config import TrainConfig, agree, environment
 
 
 def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
@@ -24,6 +24,7 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
     import tf_keras as keras
 
     hvd.init()
+    agree(config, hvd)
     rank, size = hvd.rank(), hvd.size()
     model = workload.build_model()
     optimizer = (keras.optimizers.Adam(config.lr) if config.optimizer == "adam"

@@ -9,7 +9,7 @@ import torch
 from tqdm import tqdm
 
 from hvdsketch.collectives.stats import ring_allreduce_bytes
-from hvdsketch.lab.config import TrainConfig, environment
+from hvdsketch.lab.config import TrainConfig, agree, environment
 
 
 def _optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -72,6 +72,7 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
     import horovod.torch as hvd
 
     hvd.init()
+    agree(config, hvd)
     torch.set_num_threads(max(1, (torch.get_num_threads()) // hvd.local_size()))
     model = workload.build_model()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)

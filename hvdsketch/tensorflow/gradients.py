@@ -8,7 +8,9 @@ gradients of a list of variables: each through the exchanger under the variable'
 variable registered as local is left out (and divided by the process set's size when
 ``scale_local_gradients``, as Horovod does); ``groups`` make a group's exchanges wait for every
 gradient of the group; ``device_dense`` / ``device_sparse`` place the exchange of dense and of
-``tf.IndexedSlices`` gradients.
+``tf.IndexedSlices`` gradients. A variable without a gradient on this rank (``None``: a branch
+other ranks take) takes part with zeros, as in PyTorch, so every rank starts the same exchanges;
+where a world begins the ranks compare every variable's name, shape, dtype and whether it is local.
 
 Overlap with backward: inside ``tf.function`` each gradient's exchange is its own ops, whose
 inputs are that gradient alone (the per-step check of the ranks' agreement and the finite checks
@@ -79,6 +81,7 @@ def adasum_refusal(compression: Any, memory: Any) -> str | None:
             f"without memory for Adasum, or op=hvd.Average")
 
 
+@tf.autograph.experimental.do_not_convert  # called where a tape is made, inside tf.function too: plain Python
 def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, sparse_as_dense: bool,
                       gradient_predivide_factor: float, process_set: Any, device_dense: str,
                       device_sparse: str, shared: bool = True) -> "GradientExchange":
@@ -157,21 +160,23 @@ class GradientExchange:
         shapes = [tuple(int(d) for d in s.shape) for s in sources]
         shared = [i for i, s in enumerate(sources) if s.ref() not in local]
         # where a world begins, every rank agrees, eagerly (hvdsketch.exchange.checkpoint)
-        checkpoint.begin(exchanger, lambda: [(names[i], shapes[i]) for i in shared], tf_ops, rejoin=self.rejoin,
+        checkpoint.begin(exchanger, lambda: _described(sources, names, shapes, shared), tf_ops, rejoin=self.rejoin,
                          scope=tf.init_scope)
         self.rejoin = False
-        present = [i for i in shared if grads[i] is not None]
-        inputs = {names[i]: _as_hvdsketch(grads[i]) for i in present}
-        self._decide_if_traced(inputs, shapes, present)
+        for i in shared:  # no gradient on this rank (a branch others take): take part with zeros, as in PyTorch
+            if grads[i] is None:
+                grads[i] = tf.zeros_like(sources[i])
+        inputs = {names[i]: _as_hvdsketch(grads[i]) for i in shared}
+        self._decide_if_traced(inputs, shapes, shared)
         if not tf.executing_eagerly() and self.keeps_python_state():
             return self._in_python(grads, sources, groups, local, scale_local_gradients, generic_names)
-        for group in _index_groups(groups, sources, present):
+        for group in _index_groups(groups, sources, shared):
             _start_together(grads, group)
             inputs.update({names[i]: _as_hvdsketch(grads[i]) for i in group})
         self._devices = {names[i]: self.device_sparse if isinstance(grads[i], tf.IndexedSlices) else self.device_dense
-                         for i in present}
+                         for i in shared}
         averaged = exchanger.exchange(inputs)
-        for i in present:
+        for i in shared:
             grads[i] = _as_tf(averaged[names[i]])
         if scale_local_gradients and len(shared) < len(grads):
             size = exchanger.communicator.size
@@ -251,6 +256,15 @@ class GradientExchange:
                                       exchanger.communicator.rank) for name, i in zip(inputs, present)]
             policy.end_step([(_stand_in(g, ctx.shape), ctx) for g, ctx in zip(inputs.values(), contexts)],
                             exchanger.communicator, traced=True)
+
+
+def _described(sources: Sequence[Any], names: list[str], shapes: list[tuple[int, ...]],
+               shared: list[int]) -> list[agreement.Tensor]:
+    """The sources as the ranks compare them where a world begins: dtypes too, and which are local."""
+    exchanged = set(shared)
+    return [agreement.Tensor(names[i], shapes[i], source.dtype.name,
+                             "" if i in exchanged else "a local source: register_local_source / register_local_var")
+            for i, source in enumerate(sources)]
 
 
 def _names(sources: Sequence[Any], generic: bool) -> list[str]:

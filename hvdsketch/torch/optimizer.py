@@ -14,7 +14,7 @@ feedback from a residual memory, keeps row-sparse embedding gradients sparse
 end to end, and counts the bytes it sends.
 
 At its first step every rank checks that all ranks run the same compressor,
-memory and parameter shapes (the optimizer is made without talking to other
+memory and parameters (names, shapes, dtypes, which require gradients; the optimizer is made without talking to other
 ranks, so a worker that Horovod elastic adds can make it while the others
 wait to sync), and every step that they are at the same step; a mismatch
 raises on every rank. A parameter that gets no gradient on some rank in a
@@ -42,7 +42,7 @@ import torch
 
 from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.compress import Compressor, RowSparse
-from hvdsketch.exchange import Exchanger, checkpoint
+from hvdsketch.exchange import Exchanger, agreement, checkpoint
 from hvdsketch.memory import Memory
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.policy import Policy
@@ -115,8 +115,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Where a world begins (the first step; the first after Horovod elastic changed the number
         of ranks; elastic's sync, ``elastic=True``), check with every rank that they agree
         (:func:`hvdsketch.exchange.checkpoint.begin`)."""
-        checkpoint.begin(self._exchanger, lambda: [(n, tuple(p.shape)) for p, n in self._names.items()], torch_ops,
-                         rejoin=elastic)
+        checkpoint.begin(self._exchanger, self._described, torch_ops, rejoin=elastic)
+
+    def _described(self) -> list[agreement.Tensor]:
+        """The parameters as the ranks compare them where a world begins: their dtypes too, and which
+        this rank exchanges (one left out on some rank only would leave the others waiting)."""
+        exchanged = set(self._requires_update)
+        return [agreement.Tensor(n, tuple(p.shape), torch_ops.dtype_name(p),
+                                 "" if p in exchanged else "requires_grad=False when the optimizer was made")
+                for p, n in self._names.items()]
 
     def synchronize(self) -> None:
         """Wait for every gradient's exchange and put the averages in ``.grad``; called by :meth:`step`.

@@ -146,10 +146,10 @@ def test_yaml_text_for_numbers_converts(tmp_path, monkeypatch):
 
 # -- MPI cases whose outcome is a hang or a stall report: child jobs ---------------------------------
 
-def job(name: str, limit: float, **env: str) -> subprocess.CompletedProcess:
-    """``mpirun -np 2 python -m tests.bad_input_jobs NAME`` (stdout and stderr together in ``stdout``);
-    a timeout ends the job and fails the test as a hang."""
-    cmd = ["mpirun", "--bind-to", "none", "-np", "2", sys.executable, "-m", "tests.bad_input_jobs", name]
+def job(name: str, limit: float, extra: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess:
+    """``mpirun -np 2 python -m tests.bad_input_jobs NAME [EXTRA...]`` (stdout and stderr together in
+    ``stdout``); a timeout ends the job and fails the test as a hang."""
+    cmd = ["mpirun", "--bind-to", "none", "-np", "2", sys.executable, "-m", "tests.bad_input_jobs", name, *extra]
     if os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
     environment = clean_env(PYTHONPATH=str(ROOT), TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3",
@@ -190,3 +190,83 @@ def test_a_rank_that_retraces_alone_with_a_policy_object_does_not_hang():
     done = job("tf_retrace_policy", 75)
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "rank 0: done" in output and "rank 1: done" in output, output[-3000:]
+
+
+# -- ranks that differ in their model, in what takes part, or in their config ------------------------
+
+def outcomes(output: str) -> dict[int, str]:
+    """Each rank's ``rank R: ...`` outcome line of an :func:`tests.bad_input_jobs.outcome`."""
+    lines = {}
+    for line in output.splitlines():
+        for rank in (0, 1):
+            if f"rank {rank}: raised" in line or f"rank {rank}: done" in line:
+                lines[rank] = line[line.index(f"rank {rank}:"):]
+    return lines
+
+
+def seconds(line: str) -> float:
+    return float(line.split(" in ", 1)[1].split(" s", 1)[0])
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("torch_half", "tensor 'weight' is float32 (8, 16) on rank 0 but float16 (8, 16) on rank 1"),
+    ("torch_double", "tensor 'weight' is float32 (8, 16) on rank 0 but float64 (8, 16) on rank 1"),
+    ("tf_dtype", "tensor 'w' is float32 (8, 4) on rank 0 but float64 (8, 4) on rank 1"),
+])
+def test_a_model_in_another_dtype_on_one_rank_fails_on_every_rank_within_30_s(name, expected):
+    """Rank 1's model in float16 or float64 (PyTorch's optimizer; TensorFlow's tape inside
+    tf.function): the start-up agreement compares dtypes and names the tensor and both."""
+    done = job(name, 150)
+    lines = outcomes(done.stdout)
+    assert set(lines) == {0, 1}, done.stdout[-3000:]
+    for rank, line in lines.items():
+        assert "AgreementError" in line and expected in line, line
+        assert seconds(line) < 30, line
+
+
+def test_a_parameter_frozen_on_one_rank_fails_on_every_rank():
+    """``requires_grad=False`` on rank 1 alone (when the optimizer is made): rank 0 would wait for a
+    gradient rank 1 never exchanges; the start-up agreement says so on every rank."""
+    done = job("torch_frozen", 120)
+    lines = outcomes(done.stdout)
+    assert set(lines) == {0, 1}, done.stdout[-3000:]
+    for line in lines.values():
+        assert ("AgreementError" in line and "tensor 'bias' is float32 (8,) on rank 0 but float32 (8,), left out "
+                "(requires_grad=False when the optimizer was made) on rank 1") in line, line
+
+
+def test_a_tf_variable_without_a_gradient_on_one_rank_takes_part_with_zeros():
+    """Eagerly, ``b`` without a gradient on rank 1: every rank gets the average of rank 0's gradient
+    (2 in each of 4 entries) and rank 1's zeros; ``w`` (2 in each of 32 entries) as usual."""
+    done = job("tf_no_gradient_eager", 150)
+    lines = outcomes(done.stdout)
+    assert set(lines) == {0, 1}, done.stdout[-3000:]
+    for line in lines.values():
+        assert line.endswith("[64.0, 4.0]"), line
+
+
+def test_a_stall_ends_the_job_at_horovods_stall_shutdown_limit():
+    """Rank 1 never comes to step 1: rank 0 reports its wait every 2 s and ends the job at
+    ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (rank 1 would sleep 300 s)."""
+    done = job("torch_never_comes", 150, HVDSKETCH_STALL_SECONDS="2", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="6")
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert "rank 0 has waited 2 s at step 1" in done.stdout, done.stdout[-3000:]
+    assert "ending this rank after the stall limit HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=6" in done.stdout
+    assert "rank 1: done" not in done.stdout
+
+
+@pytest.mark.parametrize("rank0, rank1, key, values", [
+    ("path: hvdsketch", "path: horovod", "path", ("hvdsketch", "horovod")),
+    ("lr: 0.1", "lr: 0.2", "lr", ("0.1", "0.2")),
+    ("optimizer: sgd", "optimizer: adam", "optimizer", ("sgd", "adam")),
+    ("clip: 0.25", "clip: 1", "clip", ("0.25", "1.0")),
+])
+def test_train_with_another_config_on_each_rank_fails_on_every_rank(rank0, rank1, key, values):
+    """``hvdsketch train`` with a YAML of its own on each rank: the resolved configs are compared
+    (one Horovod allgather_object) before any model or optimizer is made, path horovod too."""
+    done = job("train_differs", 240, extra=(rank0, rank1, "lstm:batch_size=4,bptt=8,vocab_size=200"))
+    lines = outcomes(done.stdout)
+    assert set(lines) == {0, 1}, done.stdout[-3000:]
+    expected = f"config key '{key}' is {values[0]} on rank 0 but {values[1]} on rank 1"
+    for line in lines.values():
+        assert "SpecError" in line and expected in line, line

@@ -140,8 +140,9 @@ def test_training_keeps_replicas_bit_identical(hvd):
 
 def test_mismatched_specs_fail_on_every_rank(hvd):
     comm = HorovodCommunicator(hvd)
-    with pytest.raises(AgreementError, match="different compression setups"):
-        verify(comm, f"sketch:rows={1 + hvd.rank()}", torch_ops)
+    with pytest.raises(AgreementError, match="different compression setups.*compression is sketch:rows=1 on rank 0 "
+                                             "but sketch:rows=2 on rank 1"):
+        verify(comm, {"compression": f"sketch:rows={1 + hvd.rank()}"}, torch_ops)
 
 
 def test_nan_on_one_rank_raises_on_every_rank(hvd):
