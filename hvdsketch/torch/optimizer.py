@@ -67,6 +67,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sparse: dict[torch.Tensor, int] = {}  # parameters whose gradients come sparse: their sparse dims
         self._bytes_dense = 0
         self._synchronized = False
+        self._backward = False  # a gradient hook fired since the last exchange
         self._should_synchronize = True
         self._requires_update = [p for p in names if p.requires_grad]
         self._loaded: list[dict[str, Any]] | None = None  # every rank's state from the last load, until a step
@@ -81,6 +82,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p: torch.Tensor):
         def hook(*_: Any) -> None:
+            self._backward = True
             if self._delay[p] <= 0:
                 raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
                                      "call to step(). Increase backward_passes_per_step to accumulate gradients "
@@ -102,7 +104,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = p.grad
         if grad is None:  # no gradient on this rank this step: take part with zeros, as Horovod does
             grad = (torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64, device=p.device),
-                                            p.new_zeros((0, *p.shape[1:])), tuple(p.shape), device=p.device)
+                                            p.new_zeros((0, *p.shape[1:])), tuple(p.shape), device=p.device,
+                                            check_invariants=False)
                     if p in self._sparse else torch.zeros_like(p))
         elif grad.is_sparse:
             self._sparse[p] = grad.sparse_dim()
@@ -154,6 +157,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._started.clear()
         self._ready.clear()
         self._synchronized = True
+        self._backward = False
 
     @contextmanager
     def skip_synchronize(self):
@@ -172,6 +176,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
                               "optimizer.synchronize(): the averaged gradients are not exchanged again. Use "
                               "`with optimizer.skip_synchronize(): optimizer.step()` after synchronize().")
+            elif not self._backward and self._exchanger.step > 0:
+                warnings.warn("hvdsketch: optimizer.step() called again without a backward pass since the last "
+                              "step: the gradients are already averaged, so they are not exchanged again (an "
+                              "exchange would compress the average once more) and the wrapped optimizer steps "
+                              "with them as they are")
             else:
                 self.synchronize()
         self._synchronized = False
@@ -306,7 +315,7 @@ def _as_hvdsketch(grad: torch.Tensor) -> Any:
 def _as_torch(averaged: Any) -> torch.Tensor:
     if isinstance(averaged, RowSparse):
         return torch.sparse_coo_tensor(averaged.indices[None, :], averaged.values, averaged.dense_shape,
-                                       device=averaged.values.device)
+                                       device=averaged.values.device, check_invariants=False)  # rows made here
     return averaged
 
 

@@ -157,6 +157,27 @@ def test_misuse_is_caught_as_horovod_catches_it(hvd):
                              op=hvd.Adasum, compression="topk:ratio=0.1")
 
 
+@pytest.mark.parametrize("memory", [None, "fp32"])
+def test_a_second_step_without_backward_warns_and_exchanges_nothing(hvd, memory):
+    """``step()`` twice after one backward: the second would compress the averaged gradient again
+    (lossy top-k, and its residual fed back once more); it warns and steps with the average as it is."""
+    model = Net()
+    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                     compression="topk:ratio=0.1", memory=memory)
+    train(model, optimizer, hvd.rank())
+    averaged = [p.grad.clone() for p in model.parameters()]
+    before = optimizer.report()
+    with pytest.warns(UserWarning, match="again without a backward pass.*not exchanged again"):
+        optimizer.step()
+    after = optimizer.report()
+    assert (after["steps"], after["bytes_sent"]) == (before["steps"], before["bytes_sent"])
+    assert all(torch.equal(a, p.grad) for a, p in zip(averaged, model.parameters()))
+    train(model, optimizer, hvd.rank())  # the next steps exchange as before, alike on every rank
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat[None, :], name=f"second.step.params.{memory}")
+    assert all(torch.equal(gathered[0], row) for row in gathered)
+
+
 @pytest.mark.timeout(60)
 def test_a_rank_at_another_step_fails_on_every_rank(hvd):
     """A checkpoint loaded on rank 0 only: the ranks' steps (which seed the hashes) differ, and the
