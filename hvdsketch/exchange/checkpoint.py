@@ -6,17 +6,22 @@ resume, load that one file on every rank (or load it on rank 0 and broadcast).
 So a checkpoint carries every rank's :meth:`Exchanger.state_dict
 <hvdsketch.exchange.Exchanger.state_dict>`, gathered from all ranks::
 
-    {"format": 1, "world": N, "compression": "topk:ratio=0.05", "memory": "fp32",
-     "ranks": [state of rank 0, ..., state of rank N - 1]}
+    {"format": 2, "world": N, "compression": "topk:ratio=0.05", "memory": "fp32",
+     "ranks": [state of rank 0, ..., state of rank N - 1], "checksum": "<sha256 of the rest>"}
 
-and each rank resumes from its own entry. The functions here are written against
-the exchanger's communicator (an allgather of pickled bytes, counted apart from
+and each rank resumes from its own entry; a damaged or edited entry (its
+:func:`checksum` no longer matches) or one of another format is a clear error
+on every rank that loads it. The functions here are written against the
+exchanger's communicator (an allgather of pickled bytes, counted apart from
 gradient bytes), so every framework's adapter uses them alike:
 
-- :func:`gather`: collective. Every rank first checks in with the step tag
-  (:meth:`Exchanger.check_in <hvdsketch.exchange.Exchanger.check_in>`): a rank
-  that gathers alone meets the other ranks' next training step under the same
-  collective name, and both raise, naming the fix.
+- :func:`gather`: where every rank calls it between steps, every rank's state,
+  sent with the step tag in one round (:meth:`Exchanger.check_in
+  <hvdsketch.exchange.Exchanger.check_in>`). Where only some ranks do
+  (Horovod's habit, ``state_dict()`` inside ``if hvd.rank() == 0:``), it waits
+  for no one: the others' next step answers it at once, and whatever else they
+  do (a barrier, an allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS``
+  (10 s); the rank then warns and gets :func:`alone`'s checkpoint.
 - :func:`alone`: where a save cannot be collective (TensorFlow's ``checkpoint.save``
   on rank 0 alone, whose ``tf.train.Checkpoint`` serializes as it saves), the
   checkpoint of this rank's step, policy decisions and memory plan, with
@@ -45,15 +50,19 @@ gradient bytes), so every framework's adapter uses them alike:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import pickle
 import warnings
 from typing import Any, Callable, ContextManager, Mapping, Sequence
+
+import numpy as np
 
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.exchanger import Exchanger, without_residuals
 
-#: The version of the checkpoint layout above.
-FORMAT = 1
+#: The version of the checkpoint layout above (2: with a checksum).
+FORMAT = 2
 #: How to save every rank's state where the save itself is not collective.
 ALONE = "call gather() on every rank, between steps, before rank 0 saves, to resume every rank exactly"
 
@@ -73,24 +82,81 @@ def _setup(exchanger: Exchanger) -> tuple[str, str | None]:
 
 
 def gather(exchanger: Exchanger, ops: Any) -> dict[str, Any]:
-    """The checkpoint of every rank's state (collective: every rank must call it, between steps)."""
+    """The checkpoint of every rank's state, where every rank calls it between steps; where the others
+    do not (Horovod's habit: ``state_dict()`` on rank 0 alone), :func:`alone`'s, warned, without
+    waiting for them (:meth:`Exchanger.check_in <hvdsketch.exchange.Exchanger.check_in>`)."""
+    mine = pickle.dumps(exchanger.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
     try:
-        exchanger.check_in(agreement.CHECKPOINT, ops)
+        shares = exchanger.check_in(agreement.CHECKPOINT, mine, ops)
     except agreement.AgreementError:
         raise
     except Exception as error:  # the others never came (a timeout), or left (Horovod shut down)
         raise RuntimeError(f"hvdsketch: rank {exchanger.communicator.rank} could not gather the checkpoint "
                            f"({error}); {agreement.SAVE}") from error
+    if shares is None:
+        warnings.warn(f"hvdsketch: rank {exchanger.communicator.rank} saves a checkpoint without the other ranks "
+                      f"(they did not gather it with this rank within {exchanger.checkin_seconds:g} s, "
+                      f"HVDSKETCH_CHECKIN_SECONDS): it carries no rank's error-feedback residuals or compressors' "
+                      f"state, which start afresh on every rank alike when it is loaded; {agreement.SAVE}",
+                      stacklevel=3)
+        return alone(exchanger)
     compression, memory = _setup(exchanger)
-    return {"format": FORMAT, "world": exchanger.communicator.size, "compression": compression, "memory": memory,
-            "ranks": allgather_objects(exchanger, exchanger.state_dict(), "checkpoint", ops)}
+    return _sealed({"format": FORMAT, "world": exchanger.communicator.size, "compression": compression,
+                    "memory": memory, "ranks": [pickle.loads(share) for share in shares]})
 
 
 def alone(exchanger: Exchanger) -> dict[str, Any]:
     """The checkpoint of this rank alone (no collective): no per-rank state; see the module docstring."""
     compression, memory = _setup(exchanger)
-    return {"format": FORMAT, "world": exchanger.communicator.size, "compression": compression, "memory": memory,
-            "ranks": None, "alone": afresh(exchanger.state_dict(), keep_setup=True)}
+    return _sealed({"format": FORMAT, "world": exchanger.communicator.size, "compression": compression,
+                    "memory": memory, "ranks": None, "alone": afresh(exchanger.state_dict(), keep_setup=True)})
+
+
+def _sealed(entry: dict[str, Any]) -> dict[str, Any]:
+    return {**entry, "checksum": checksum(entry)}
+
+
+def checksum(entry: Mapping[str, Any]) -> str:
+    """A SHA-256 of ``entry``'s contents (its ``"checksum"`` left out): keys, values, arrays' dtypes,
+    shapes and bytes, walked in order, so it does not depend on how the entry was pickled."""
+    digest = hashlib.sha256()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Mapping):
+            digest.update(b"{")
+            for key, item in value.items():
+                walk(key)
+                walk(item)
+            digest.update(b"}")
+        elif isinstance(value, (list, tuple)):
+            digest.update(b"[")
+            for item in value:
+                walk(item)
+            digest.update(b"]")
+        elif isinstance(value, (np.ndarray, np.generic)):
+            array = np.ascontiguousarray(value)
+            digest.update(f"<{array.dtype.str}{array.shape}>".encode())
+            digest.update(array.tobytes())
+        else:
+            digest.update(f"<{type(value).__name__}:{value!r}>".encode())
+
+    walk({key: value for key, value in entry.items() if key != "checksum"})
+    return digest.hexdigest()
+
+
+def _checked(entry: Any) -> Mapping[str, Any]:
+    """``entry`` if it is an intact checkpoint of this format, else a ``ValueError`` naming it."""
+    what = "the optimizer state's 'hvdsketch' entry"
+    if not isinstance(entry, Mapping) or "ranks" not in entry or "format" not in entry:
+        raise ValueError(f"hvdsketch: {what} is not a checkpoint of hvdsketch's state (one made by "
+                         f"hvdsketch's DistributedOptimizer.state_dict(), called on every rank)")
+    if entry["format"] != FORMAT:
+        raise ValueError(f"hvdsketch: {what} has format {entry['format']!r}, written by another version of "
+                         f"hvdsketch; this one reads format {FORMAT}")
+    if entry.get("checksum") != checksum(entry):
+        raise ValueError(f"hvdsketch: {what} is damaged: its contents do not match its checksum (a changed "
+                         f"byte in the file, or an edited entry); resume from another checkpoint")
+    return entry
 
 
 def afresh(source: Mapping[str, Any], keep_setup: bool) -> dict[str, Any]:
@@ -111,9 +177,7 @@ def _warn(exchanger: Exchanger, message: str) -> None:
 
 def resolve(checkpoint: Mapping[str, Any], exchanger: Exchanger, reset_on_change: bool = False) -> list[dict[str, Any]]:
     """The per-rank states of ``checkpoint`` for this world (one per rank); see the module docstring."""
-    if not isinstance(checkpoint, Mapping) or checkpoint.get("format") != FORMAT or "ranks" not in checkpoint:
-        raise ValueError("hvdsketch: the optimizer state's 'hvdsketch' entry is not a checkpoint of every rank "
-                         "(one made by hvdsketch's DistributedOptimizer.state_dict(), called on every rank)")
+    checkpoint = _checked(checkpoint)
     size = exchanger.communicator.size
     compression, memory = _setup(exchanger)
     gathered = checkpoint["ranks"] is not None

@@ -48,8 +48,10 @@ import os
 import time
 from typing import Any, Callable, ContextManager, Literal, Mapping, Sequence
 
+import numpy as np
+
 from hvdsketch.collectives import Communicator, Handle
-from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
+from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
 from hvdsketch.compress.support import values_of
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
@@ -106,7 +108,8 @@ class Exchanger:
         self.watchdog = Watchdog(float(os.environ.get("HVDSKETCH_STALL_SECONDS", 30)), shutdown_seconds())
         self._waiting_for = ""
         #: How long :meth:`check_in` waits for the other ranks (``HVDSKETCH_CHECKIN_SECONDS``).
-        self.checkin_seconds = float(os.environ.get("HVDSKETCH_CHECKIN_SECONDS", 300))
+        self.checkin_seconds = float(os.environ.get("HVDSKETCH_CHECKIN_SECONDS", 10))
+        self._checkin: Handle | None = None  # a check-in the others have not answered yet
         self._setup = 0
         #: The tensors' names in the adapter's order (parameters, sources), from :meth:`verify`.
         self.order: dict[str, int] = {}
@@ -164,10 +167,14 @@ class Exchanger:
         traced = self._traced = ops.is_symbolic(values)
         if not self._flights:  # the step's first tensor
             if not traced:
-                self._tag = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup)])
-                if self._tag.test():  # landed already (TensorFlow's eager collectives block): check it before any
-                    tag, self._tag = self._tag, None  # round, so a rank that is not in this step is not waited for
-                    self._check_step(tag.wait()[0])
+                if self._checkin is not None:  # answered by the others' tags of this step (or their check-ins)
+                    checkin, self._checkin = self._checkin, None
+                    self._wait(checkin, "the other ranks' answer to this rank's check-in")
+                self._tag = self._send_tag(ops)
+                while self._tag is not None and self._tag.test():  # landed already (TensorFlow's eager collectives
+                    tag, self._tag = self._tag, None  # block): check it before any round, so a rank that is not
+                    if not self._settled(tag.wait()[0]):  # in this step is not waited for
+                        self._tag = self._send_tag(ops)
             ordered = getattr(self.communicator, "ordered", False) and self._expected is not None
             self._launch = LaunchOrder(self._expected) if ordered else None
         self._given[name] = values
@@ -206,8 +213,9 @@ class Exchanger:
         tag, self._tag = self._tag, None
         try:
             with self.watchdog.watching(self._stalled):
-                if tag is not None:  # before any gradient: ranks running other setups start other collectives
-                    self._check_step(self._wait(tag, "the step check")[0])
+                while tag is not None:  # before any gradient: ranks running other setups start other collectives
+                    reduced = self._wait(tag, "the step check")[0]
+                    tag = None if self._settled(reduced) else self._send_tag(backend(reduced))
                 if self._launch is not None:
                     self._finish_in_order()
                 while any(handle is not None for _, handle in self._flights.values()):
@@ -305,36 +313,67 @@ class Exchanger:
                 f"{self._waiting_for} (in flight: {', '.join(self._flights) or '-'}); another rank may not "
                 f"have started the same exchanges (it stopped early, waits elsewhere, or runs another model)")
 
-    def _check_step(self, tag: Any) -> None:
-        """Every rank sent the same step, setup and activity, else the same error on every rank (the
-        tag is a host tensor: checking it waits for no device)."""
-        ops = backend(tag)
-        if not ops.all_true([agreement.step_agrees(ops, tag)]):
-            raise agreement.step_error(self.step, self.communicator.rank, _integers(tag))
+    def _send_tag(self, ops: Any, activity: int = agreement.TRAIN, payload: Sequence[Message] = ()) -> Handle:
+        return self._send(f"{self.prefix}.step",
+                          [agreement.step_message(ops, self.step, self._setup, activity), *payload])
 
-    def check_in(self, activity: int, ops: Any) -> None:
-        """Send the step tag for ``activity`` (:data:`~hvdsketch.exchange.agreement.CHECKPOINT`) between
-        steps and wait for it: every rank must be at the same step with the same setup, doing the same.
-        A rank alone here meets the others' next training step and both raise; a rank whose other
-        ranks never come raises ``TimeoutError`` after ``checkin_seconds``."""
+    def _settled(self, tag: Any) -> bool:
+        """Whether every rank sent this step's tag alike; else the same error on every rank (the tag
+        is a host tensor: checking it waits for no device). Where only the activity differs, another
+        rank is checking in alone (``optimizer.state_dict()`` on rank 0 alone) and its check-in met
+        this step's tag: this rank answers it with an empty share, so that rank goes on without
+        waiting, and says the tag must go again (``False``). A communicator that matches by call
+        order (MPI) cannot interleave that answer: there every rank raises."""
+        ops = backend(tag)
+        if ops.all_true([agreement.step_agrees(ops, tag)]):
+            return True
+        reduced = _integers(tag)
+        alone = reduced[0] == -reduced[1] and reduced[2] == -reduced[3] and reduced[4] != -reduced[5]
+        if not alone or getattr(self.communicator, "ordered", False):
+            raise agreement.step_error(self.step, self.communicator.rank, reduced)
+        self._wait(self._send(f"{self.prefix}.step", _share(ops, b"")), "the answer to a rank's check-in")
+        return False
+
+    def check_in(self, activity: int, share: bytes, ops: Any) -> list[bytes] | None:
+        """Between steps, every rank's ``share`` (:data:`~hvdsketch.exchange.agreement.CHECKPOINT`:
+        its pickled state), or ``None``: never a wait on ranks that do not ask for it.
+
+        The share travels with the step tag for ``activity``, in one round. Where every rank checks
+        in alike, each gets every share. Where the others train on, their next step's tag meets this
+        one and they answer with empty shares (:meth:`_settled`): ``None`` at once. Where they do
+        something else (``hvd.barrier()``, an allreduce), ``None`` after ``checkin_seconds``; the
+        round stays in flight until the others' next step answers it (or their own late check-in,
+        which then gets every share), and this rank's next step waits for that first. Ranks at
+        another step or setup raise on every rank; a communicator that matches collectives by call
+        order (MPI) raises ``TimeoutError`` instead of giving up."""
         if self._flights or self._tag is not None:
             raise RuntimeError("hvdsketch: a step is under way (its gradients' exchanges have started); call "
                                "this after optimizer.step(), not between backward() and step()")
-        handle = self._send(f"{self.prefix}.step", [agreement.step_message(ops, self.step, self._setup, activity)])
+        handle = self._checkin or self._send_tag(ops, activity, _share(ops, share))
+        self._checkin = None
         deadline = time.monotonic() + self.checkin_seconds
         while not handle.test():  # polled: the one wait that must give up
             if time.monotonic() > deadline:
-                raise TimeoutError(f"hvdsketch: rank {self.communicator.rank} waited {self.checkin_seconds:.0f} s "
-                                   f"for the other ranks' check-in; {agreement.SAVE}")
+                if getattr(self.communicator, "ordered", False):
+                    raise TimeoutError(f"hvdsketch: rank {self.communicator.rank} waited "
+                                       f"{self.checkin_seconds:.0f} s for the other ranks' check-in")
+                self._checkin = handle
+                return None
             time.sleep(0.01)
-        self._check_step(handle.wait()[0])
+        tag, sizes, data = handle.wait()
+        reduced = _integers(tag)
+        if ops.all_true([agreement.step_agrees(ops, tag)]):
+            return _shares(ops, sizes, data)
+        if reduced[0] == -reduced[1] and reduced[2] == -reduced[3]:  # only the activity: the others train on
+            return None
+        raise agreement.step_error(self.step, self.communicator.rank, reduced)
 
     def abandon(self) -> None:
         """Forget a step broken off (a failed collective, Horovod elastic's reset): its exchanges and
         tag never finish; what the memory kept of it stays."""
         self._flights.clear()
         self._inputs.clear()
-        self._tag = None
+        self._tag = self._checkin = None
 
     def _check(self, results: dict[str, Any]) -> dict[str, Any]:
         """Every result finite, else the same error on every rank: one host sync eagerly; inside
@@ -401,6 +440,20 @@ class Exchanger:
 def without_residuals(memory_state: Mapping[str, Any]) -> dict[str, Any]:
     """A :meth:`hvdsketch.memory.Memory.state_dict` with its residuals left out (its plan kept)."""
     return {**memory_state, "slots": {}}
+
+
+def _share(ops: Any, blob: bytes) -> list[Message]:
+    """A rank's share of an allgather of bytes: its size, then the bytes (host tensors)."""
+    data = np.frombuffer(blob, np.uint8)
+    size = ops.host_constant([data.size], "int64")
+    return [Message(size, "allgather"), Message(ops.from_numpy(data, size), "allgather")]
+
+
+def _shares(ops: Any, sizes: Any, data: Any) -> list[bytes]:
+    """Every rank's bytes of a gathered :func:`_share`, in rank order."""
+    sizes, data = ops.to_numpy(sizes), ops.to_numpy(data)
+    ends = np.cumsum(sizes)
+    return [data[end - size:end].tobytes() for end, size in zip(ends, sizes)]
 
 
 def _integers(tag: Any) -> list[int]:

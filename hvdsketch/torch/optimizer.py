@@ -21,7 +21,8 @@ raises on every rank. A parameter that gets no gradient on some rank in a
 step (a branch taken on other ranks only) takes part with zeros, as in
 Horovod, so every rank starts the same exchanges.
 
-Checkpoints carry every rank's state (:meth:`state_dict` is collective):
+Checkpoints carry every rank's state (:meth:`state_dict` called on every rank
+gathers it; on rank 0 alone it waits for no one and saves none):
 rank 0 saves one file, and every rank resumes exactly from it, loaded on every
 rank or loaded on rank 0 and broadcast with
 :func:`hvdsketch.torch.broadcast_optimizer_state`. Inside ``hvd.elastic.run``
@@ -206,14 +207,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         (:mod:`hvdsketch.exchange.checkpoint`: each rank's step, policy decisions, compressors'
         per-tensor state and residuals), so the file rank 0 saves resumes every rank.
 
-        **Collective**: every rank must call it, between steps, and then rank 0 saves::
+        Called on every rank, between steps, it gathers every rank's state, and the file rank 0
+        saves resumes every rank exactly::
 
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             if hvd.rank() == 0:
                 torch.save(state, path)
 
-        Called on rank 0 alone it raises there (and the other ranks' next step raises too) rather
-        than waiting for ranks that never come.
+        Called on rank 0 alone (Horovod's habit: ``if hvd.rank() == 0: torch.save({...,
+        "optimizer": optimizer.state_dict()}, path)``) it waits for no rank that does not call it:
+        the others' next step answers it at once, and whatever else they do (``hvd.barrier()``, an
+        allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS`` (10 s). It then warns, and its
+        checkpoint carries no rank's residuals or compressors' state: loading it starts them afresh
+        on every rank alike (the step and ``auto``'s decisions kept).
         """
         state = super(self.__class__, self).state_dict()
         if not self._torch_only:

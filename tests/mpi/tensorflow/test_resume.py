@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import hvdsketch.tensorflow as hvdsketch_tf
 from hvdsketch.exchange import AgreementError
-from hvdsketch.exchange.checkpoint import StateReset
+from hvdsketch.exchange.checkpoint import StateReset, checksum
 from hvdsketch.tensorflow import gradients
 from tests.shared_folder import shared_folder
 
@@ -105,6 +105,7 @@ def with_rank_0_state_everywhere(blob: bytes) -> bytes:
     saved = pickle.loads(blob)
     for entry in saved["exchanges"]:
         entry["ranks"] = [entry["ranks"][0]] * len(entry["ranks"])
+        entry["checksum"] = checksum(entry)  # edited on purpose: sealed anew
     return pickle.dumps(saved)
 
 
@@ -192,6 +193,7 @@ def other_world(blob: bytes, size: int) -> bytes:
     for entry in saved["exchanges"]:
         entry["ranks"] = (entry["ranks"] * size)[:size]
         entry["world"] = size
+        entry["checksum"] = checksum(entry)
     return pickle.dumps(saved)
 
 
