@@ -183,7 +183,7 @@ def tf_dropin_no_gradient() -> None:
             loss = tf.reduce_sum(y + b if uses_b else y)
         return hvd.DistributedGradientTape(tape, compression=Compression.fp16).gradient(loss, [w, b])
 
-    outcome(hvd.rank(), step)
+    outcome(hvd.rank(), lambda: [step() for _ in range(3)] and "3 steps")
 
 
 def torch_never_comes() -> None:
