@@ -64,20 +64,27 @@ def tensors(described: Sequence[Tensor]) -> dict[str, str]:
             for t in described}
 
 
+def share(ops: ModuleType, blob: bytes) -> list[Message]:
+    """A rank's share of an allgather of bytes: its size, then the bytes (host tensors of ``ops``)."""
+    data = np.frombuffer(blob, np.uint8)
+    size = ops.host_constant([data.size], "int64")
+    return [Message(size, "allgather"), Message(ops.from_numpy(data, size), "allgather")]
+
+
+def shares(ops: ModuleType, sizes: Any, data: Any) -> list[bytes]:
+    """Every rank's bytes, in rank order, from the gathered sizes and bytes of :func:`share`."""
+    sizes, data = ops.to_numpy(sizes), ops.to_numpy(data)
+    ends = np.cumsum(sizes)
+    return [data[end - size:end].tobytes() for end, size in zip(ends, sizes)]
+
+
 def allgather_objects(communicator: Communicator, obj: Any, name: str, ops: ModuleType) -> list[Any]:
     """Every rank's ``obj`` (picklable), in rank order: one round of two allgathers (sizes, bytes) of
     host tensors of the ``ops`` back-end, on a side channel of ``communicator`` (control, counted
     apart from gradient bytes)."""
-    blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-    size = ops.host_constant([blob.size], "int64")
-    sizes, data = reduce(side_channel(communicator),
-                         [Message(size, "allgather"), Message(ops.from_numpy(blob, size), "allgather")], name)
-    ends = np.cumsum(ops.to_numpy(sizes))
-    data = ops.to_numpy(data)
-    return [pickle.loads(data[end - size:end].tobytes()) for end, size in zip(ends, ops.to_numpy(sizes))]
-
-
-_ABSENT = object()
+    gathered = reduce(side_channel(communicator), share(ops, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),
+                      name)
+    return [pickle.loads(blob) for blob in shares(ops, *gathered)]
 
 
 def difference(everyone: Sequence[Mapping[str, Any]]) -> str | None:

@@ -48,8 +48,6 @@ import os
 import time
 from typing import Any, Callable, ContextManager, Literal, Mapping, Sequence
 
-import numpy as np
-
 from hvdsketch.collectives import Communicator, Handle
 from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
 from hvdsketch.compress.support import values_of
@@ -331,7 +329,7 @@ class Exchanger:
         alone = reduced[0] == -reduced[1] and reduced[2] == -reduced[3] and reduced[4] != -reduced[5]
         if not alone or getattr(self.communicator, "ordered", False):
             raise agreement.step_error(self.step, self.communicator.rank, reduced)
-        self._wait(self._send(f"{self.prefix}.step", _share(ops, b"")), "the answer to a rank's check-in")
+        self._wait(self._send(f"{self.prefix}.step", agreement.share(ops, b"")), "the answer to a rank's check-in")
         return False
 
     def check_in(self, activity: int, share: bytes, ops: Any) -> list[bytes] | None:
@@ -349,7 +347,7 @@ class Exchanger:
         if self._flights or self._tag is not None:
             raise RuntimeError("hvdsketch: a step is under way (its gradients' exchanges have started); call "
                                "this after optimizer.step(), not between backward() and step()")
-        handle = self._checkin or self._send_tag(ops, activity, _share(ops, share))
+        handle = self._checkin or self._send_tag(ops, activity, agreement.share(ops, share))
         self._checkin = None
         deadline = time.monotonic() + self.checkin_seconds
         while not handle.test():  # polled: the one wait that must give up
@@ -363,7 +361,7 @@ class Exchanger:
         tag, sizes, data = handle.wait()
         reduced = _integers(tag)
         if ops.all_true([agreement.step_agrees(ops, tag)]):
-            return _shares(ops, sizes, data)
+            return agreement.shares(ops, sizes, data)
         if reduced[0] == -reduced[1] and reduced[2] == -reduced[3]:  # only the activity: the others train on
             return None
         raise agreement.step_error(self.step, self.communicator.rank, reduced)
@@ -440,20 +438,6 @@ class Exchanger:
 def without_residuals(memory_state: Mapping[str, Any]) -> dict[str, Any]:
     """A :meth:`hvdsketch.memory.Memory.state_dict` with its residuals left out (its plan kept)."""
     return {**memory_state, "slots": {}}
-
-
-def _share(ops: Any, blob: bytes) -> list[Message]:
-    """A rank's share of an allgather of bytes: its size, then the bytes (host tensors)."""
-    data = np.frombuffer(blob, np.uint8)
-    size = ops.host_constant([data.size], "int64")
-    return [Message(size, "allgather"), Message(ops.from_numpy(data, size), "allgather")]
-
-
-def _shares(ops: Any, sizes: Any, data: Any) -> list[bytes]:
-    """Every rank's bytes of a gathered :func:`_share`, in rank order."""
-    sizes, data = ops.to_numpy(sizes), ops.to_numpy(data)
-    ends = np.cumsum(sizes)
-    return [data[end - size:end].tobytes() for end, size in zip(ends, sizes)]
 
 
 def _integers(tag: Any) -> list[int]:

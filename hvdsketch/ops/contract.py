@@ -226,9 +226,6 @@ class Ops(Protocol):
     def check_finite(self, x: Tensor, message: str) -> Tensor:
         """``x``, after raising ``FloatingPointError(message)`` if it holds NaN or Inf (host sync)."""
 
-    def check_all_equal(self, x: Tensor, message: str, error: type[Exception] = ValueError) -> None:
-        """Raise ``error(message)`` unless every entry of ``x`` equals the first (host sync)."""
-
     def call_if(self, flag: Tensor | bool, fn: Callable[..., None], values: Sequence[Tensor | int]) -> None:
         """Call ``fn`` with ``values`` as numpy on the host when the truth ``flag`` holds (a warning
         from reduced values): at once (host sync); inside ``tf.function`` a conditional op that runs

@@ -153,11 +153,6 @@ def check_finite(x: Tensor, message: str) -> Tensor:
     return x
 
 
-def check_all_equal(x: Tensor, message: str, error: type[Exception] = ValueError) -> None:
-    if not np.all(x == x[0]):
-        raise error(message)
-
-
 def to_numpy(x: Tensor) -> np.ndarray:
     return np.asarray(x)
 

@@ -171,15 +171,6 @@ def check_finite(x: Tensor, message: str) -> Tensor:
     return tf.debugging.assert_all_finite(x, message)
 
 
-def check_all_equal(x: Tensor, message: str, error: type[Exception] = ValueError) -> None:
-    """Eagerly raises ``error``; inside ``tf.function`` an assertion that fails at run time."""
-    if tf.executing_eagerly():
-        if not bool(tf.reduce_all(x == x[0])):
-            raise error(message)
-    else:
-        tf.debugging.assert_equal(x, tf.fill(tf.shape(x), x[0]), message=message)
-
-
 def to_numpy(x: Tensor) -> np.ndarray:
     return x.numpy()
 

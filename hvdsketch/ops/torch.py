@@ -158,11 +158,6 @@ def check_finite(x: Tensor, message: str) -> Tensor:
     return x
 
 
-def check_all_equal(x: Tensor, message: str, error: type[Exception] = ValueError) -> None:
-    if not bool((x == x[0]).all()):
-        raise error(message)
-
-
 def to_numpy(x: Tensor) -> np.ndarray:
     return x.detach().cpu().numpy()
 

@@ -4,17 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from hvdsketch.collectives.mpi import MPICommunicator
 from tests import exact_cases as cases
 
 CONVERT = {"numpy": np.asarray, "torch": torch.from_numpy}
-
-
-@pytest.fixture(scope="module")
-def mpi(comm):
-    communicator = MPICommunicator(comm)
-    yield communicator
-    communicator.free()
 
 
 @pytest.mark.parametrize("kind", list(CONVERT))

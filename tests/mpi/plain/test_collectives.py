@@ -25,13 +25,6 @@ DTYPES = ["float32", "float16"]
 HEADER = 24  # bytes before each SparCML message: count, size, dtype digest
 
 
-@pytest.fixture(scope="module")
-def mpi(comm):
-    communicator = MPICommunicator(comm)
-    yield communicator
-    communicator.free()
-
-
 @pytest.fixture(autouse=True)
 def fresh_stats(mpi):
     mpi.stats.reset()

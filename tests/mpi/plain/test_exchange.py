@@ -5,18 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from hvdsketch.collectives.mpi import MPICommunicator
 from hvdsketch.compress.base import Message
 from tests import peer_cases as cases
 
 CONVERT = {"numpy": np.asarray, "torch": torch.from_numpy}
-
-
-@pytest.fixture(scope="module")
-def mpi(comm):
-    communicator = MPICommunicator(comm)
-    yield communicator
-    communicator.free()
 
 
 @pytest.fixture(params=list(CONVERT))

@@ -22,13 +22,6 @@ SHAPES = {"w": (40, 5), "v": (40, 5), "b": (20,)}  # two of one shape, for the p
 D = sum(int(np.prod(s)) for s in SHAPES.values())
 
 
-@pytest.fixture(scope="module")
-def mpi(comm):
-    communicator = MPICommunicator(comm)
-    yield communicator
-    communicator.free()
-
-
 def shard(rank: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(100 + rank)
     a = rng.standard_normal((400, D))
