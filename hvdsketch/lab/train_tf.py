@@ -68,13 +68,8 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
             return tapes[-1].gradient(loss, model.trainable_variables)
 
         def report() -> tuple[int, int]:
-            dense = sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables)
-            exchange = tapes[-1]._exchange  # every tape of one setup shares it, and its byte counts
-            total = exchange.exchanger.communicator.stats.bytes_sent
-            # counted at every step where the exchange runs in Python (eagerly, or as a Python op in
-            # the function), else once per trace of the graph that then runs every step
-            each_step = eager or exchange.keeps_python_state()
-            return total if each_step else total / len(tapes) * done, ring_allreduce_bytes(dense, size) * done
+            counted = tapes[-1].report()  # every tape of one setup shares its exchange, and its counts
+            return counted["bytes_sent"], counted["bytes_dense_allreduce"]
 
     def train_step(inputs, targets):
         with tf.GradientTape() as tape:

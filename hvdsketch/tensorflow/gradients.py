@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import weakref
 from typing import Any, Callable, Mapping, Sequence
 
@@ -36,6 +37,7 @@ from hvdsketch.compress import RowSparse, TensorContext
 from hvdsketch.compress.sketch import SparseSketch
 from hvdsketch.compress.support import values_of
 from hvdsketch.exchange import Exchanger, agreement, checkpoint
+from hvdsketch.exchange.report import report_of
 from hvdsketch.ops import tensorflow as tf_ops
 
 _exchanges: dict[tuple, "GradientExchange"] = {}  # setup -> the one exchange the tapes of that setup share
@@ -142,6 +144,11 @@ class GradientExchange:
         #: Set by Horovod elastic's sync: the next exchange agrees anew with the ranks of the new world.
         self.rejoin = False
         self._devices: dict[str, str] = {}  # tensor name -> device of its exchange this step
+        with tf.init_scope():  # made eagerly, even where the first tape is made inside tf.function
+            #: Bytes sent, their dense equivalent and steps, added up by each traced graph as it runs.
+            self._graph_counts = tf.Variable(tf.zeros(3, tf.int64), trainable=False, name="hvdsketch_counts")
+        self._sent_at_traces = 0  # bytes the communicator counted while tracing: once a trace, not a step
+        self._dense_in_python = 0  # dense bytes of the exchanges run in Python (eagerly, or as a Python op)
 
     def placement(self, name: str) -> Any:
         device = self._devices.get(name, "")
@@ -175,7 +182,10 @@ class GradientExchange:
             inputs.update({names[i]: _as_hvdsketch(grads[i]) for i in group})
         self._devices = {names[i]: self.device_sparse if isinstance(grads[i], tf.IndexedSlices) else self.device_dense
                          for i in shared}
+        sent = exchanger.communicator.stats.bytes_sent
         averaged = exchanger.exchange(inputs)
+        self._count(exchanger.communicator.stats.bytes_sent - sent,
+                    sum(math.prod(shapes[i]) * sources[i].dtype.size for i in shared))
         for i in shared:
             grads[i] = _as_tf(averaged[names[i]])
         if scale_local_gradients and len(shared) < len(grads):
@@ -183,6 +193,24 @@ class GradientExchange:
             for i in set(range(len(grads))) - set(shared):
                 grads[i] = None if grads[i] is None else _scaled(grads[i], 1 / size)
         return grads
+
+    def _count(self, sent: int, dense: int) -> None:
+        """Count one exchange: in Python where it runs in Python, else by the graph at each run."""
+        if tf.executing_eagerly():
+            self._dense_in_python += dense
+        else:
+            self._sent_at_traces += sent
+            self._graph_counts.assign_add(tf.constant([sent, dense, 1], tf.int64))
+
+    def report(self) -> dict[str, Any]:
+        """What compression saved on this rank (:func:`hvdsketch.exchange.report.report_of`), every
+        step counted, eager or inside ``tf.function`` (a traced step counts the bytes its trace sent;
+        where an allgather's size is known only at run time, equal shares)."""
+        sent, dense, steps = (int(v) for v in self._graph_counts.numpy())
+        exchanger = self.exchanger
+        return report_of(exchanger, self._dense_in_python + dense,
+                         sent=exchanger.communicator.stats.bytes_sent - self._sent_at_traces + sent,
+                         steps=exchanger.step + steps)
 
     def keeps_python_state(self) -> bool:
         """Whether the exchange keeps state between steps in Python, which a traced graph would freeze

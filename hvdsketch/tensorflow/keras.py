@@ -99,6 +99,11 @@ class _DistributedOptimizer:
         grads = super(self.__class__, self).get_gradients(loss, params)
         return [g for g, _ in self._hvdsketch_reduce(list(zip(grads, params)))]
 
+    def report(self) -> dict[str, Any]:
+        """What compression saved on this rank: bytes sent against a dense ring allreduce, the
+        policy's choices (:meth:`hvdsketch.tensorflow.gradients.GradientExchange.report`)."""
+        return self._hvdsketch.exchange.report()
+
     def register_local_var(self, var: tf.Variable) -> None:
         """As in Horovod: ``var``'s gradient is not reduced, only divided by the process set's size
         when ``scale_local_gradients``."""

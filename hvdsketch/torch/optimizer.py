@@ -44,6 +44,7 @@ import torch
 from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.compress import Compressor, RowSparse
 from hvdsketch.exchange import Exchanger, agreement, checkpoint
+from hvdsketch.exchange.report import report_of
 from hvdsketch.memory import Memory
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.policy import Policy
@@ -292,23 +293,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._exchanger.load_state_dict(state["hvdsketch"], self._converter())
 
     def report(self) -> dict[str, Any]:
-        """Bytes this rank sent (per collective and in total) against dense ring allreduce, and the
-        policy's assignment table (``None`` for a single compressor, or before it decided)."""
-        from hvdsketch.collectives.stats import ring_allreduce_bytes
-
-        exchanger = self._exchanger
-        stats = exchanger.communicator.stats
-        sent = stats.bytes_sent
-        dense = ring_allreduce_bytes(self._bytes_dense, exchanger.communicator.size)
-        table = exchanger.policy.assignment
-        memory = exchanger.memory
-        return {"compression": str(exchanger.policy), "steps": exchanger.step, "bytes_sent": sent,
-                "assignment": None if table is None else [row.to_dict() for row in table],
-                "bytes_dense_allreduce": dense, "ratio": dense / sent if sent else float("nan"),
-                "seconds": dict(stats.seconds),
-                "residual_bytes": sum(m.nbytes() + m.host_nbytes() for m in (memory, exchanger.own_memory)
-                                      if m is not None),
-                "collectives": stats.snapshot()}
+        """Bytes this rank sent (per collective and in total) against a dense ring allreduce, the
+        residuals kept and the policy's assignment table (:func:`hvdsketch.exchange.report.report_of`)."""
+        return report_of(self._exchanger, self._bytes_dense)
 
 
 def _as_hvdsketch(grad: torch.Tensor) -> Any:

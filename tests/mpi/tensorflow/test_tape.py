@@ -248,3 +248,36 @@ def test_exchange_keeping_python_state_runs_inside_tf_function_as_eagerly(hvd, f
         finals.append(w.numpy())
     np.testing.assert_allclose(finals[1], finals[0], rtol=1e-5, atol=1e-6)
     assert not np.allclose(finals[0], 1.0)
+
+
+@pytest.mark.parametrize("flag, tags", [("topk:ratio=0.25", 3), ("powersgd:rank=2", 0)])  # graph ops; a Python op
+def test_report_counts_every_step_eager_or_inside_tf_function(hvd, flag, tags):
+    """``tape.report()``: three steps inside tf.function (a trace's exchange that the graph runs every
+    step, or a Python op every step) count what three eager steps count, but for the step tag each
+    eager step sends beside its gradients and a traced step does not (``tags`` of them)."""
+    from hvdsketch.collectives.stats import ring_allreduce_bytes
+
+    rng = np.random.default_rng(hvd.rank())
+    inputs = [tf.constant(rng.standard_normal((12, 10)).astype(np.float32)) for _ in range(3)]
+    reports = []
+    for graph in MODES:
+        compression = create(flag)  # an object of its own: an exchanger of its own
+        w = tf.Variable(np.ones((12, 10), np.float32), name="w")
+        tapes = []
+
+        def step(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.sin(w * x))
+            tapes.append(DistributedGradientTape(tape, compression=compression))
+            w.assign_sub(0.5 * tapes[-1].gradient(loss, [w])[0])
+
+        run = tf.function(step) if graph else step
+        for x in inputs:
+            run(x)
+        reports.append(tapes[-1].report())
+    eager, traced = reports
+    assert eager["steps"] == traced["steps"] == 3
+    assert traced["bytes_sent"] == eager["bytes_sent"] - tags * ring_allreduce_bytes(6 * 8, hvd.size()) > 0
+    assert traced["bytes_dense_allreduce"] == eager["bytes_dense_allreduce"] == ring_allreduce_bytes(
+        3 * 12 * 10 * 4, hvd.size())
+    assert traced["ratio"] > 1
