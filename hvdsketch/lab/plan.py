@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--config", help="YAML config with keys workload, compression, memory")
     model.add_argument("--shapes", help="demo on synthetic residuals: tensor shapes, e.g. 30000x256,256x1024,1024")
+    parser.add_argument("--compression", help="the compressor whose residuals to plan (default: the config's)")
     parser.add_argument("--budget", type=float, help="residual memory as a fraction of full fp32 error feedback")
     parser.add_argument("--budget-bytes", type=int, help="residual memory in bytes")
     parser.add_argument("--steps", type=int, default=3, help="warm-up steps observed (default 3)")
@@ -116,8 +117,9 @@ def _observe(compressor: Any, gradients: Iterator[dict[str, Any]], memory: Plann
 
 
 def plan_from_config(path: str, steps: int, budget: float | None, budget_bytes: int | None,
-                     candidates: Any, time_weight: float) -> Plan:
-    """The plan for a config's workload and compressor from real warm-up gradients (one process)."""
+                     candidates: Any, time_weight: float, compression: str | None = None) -> Plan:
+    """The plan for a config's workload and compressor (or ``compression``) from real warm-up
+    gradients (one process)."""
     from hvdsketch.compress import create as create_compressor
     from hvdsketch.memory import FLAGS
     from hvdsketch.lab.workloads import get
@@ -130,7 +132,12 @@ def plan_from_config(path: str, steps: int, budget: float | None, budget_bytes: 
         options = dataclasses.replace(options, warmup=steps)
     else:
         options = PlanSpec(budget, budget_bytes, steps, time_weight)
-    compressor = create_compressor(spec.resolve(None, None, raw))
+    flag = spec.resolve(None, compression, raw)
+    if not isinstance(flag, str) or spec.Spec.parse(flag).name == "auto":
+        raise spec.SpecError(f"hvdsketch plan plans the residuals of one compressor; {path}'s compression "
+                             f"({flag}) chooses one per tensor while training: give --compression, e.g. "
+                             f"--compression topk:ratio=0.01")
+    compressor = create_compressor(flag)
     memory = PlannedMemory(options, candidates)
     _observe(compressor, _gradients(get(str(raw["workload"])), steps), memory)
     print(f"warm-up: {steps} steps of {raw['workload']} with compression {compressor} "
@@ -145,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--steps must be >= 1")
         if args.config:
             plan = plan_from_config(args.config, args.steps, args.budget, args.budget_bytes, candidates,
-                                    args.time_weight)
+                                    args.time_weight, args.compression)
         else:
             shapes = parse_shapes(args.shapes)
             print(f"SYNTHETIC warm-up residuals (Student-t, df 2, {args.steps} steps, seed {args.seed}): "

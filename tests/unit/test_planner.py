@@ -205,3 +205,9 @@ def test_plan_command_on_a_real_workload_config(tmp_path, capsys):
     config.write_text("workload: fashion\nmemory: fp16\n")
     assert cli.main(["plan", "--config", str(config)]) == 2
     assert "not plan:budget" in capsys.readouterr().err
+    config.write_text("workload: fashion:batch_size=16\ncompression: auto\n")  # the main job's kind of config
+    assert cli.main(["plan", "--config", str(config), "--budget", "0.25"]) == 2
+    assert "chooses one per tensor while training: give --compression" in capsys.readouterr().err
+    assert cli.main(["plan", "--config", str(config), "--budget", "0.25", "--steps", "2",
+                     "--compression", "topk:ratio=0.05"]) == 0
+    assert "with compression topk:ratio=0.05" in capsys.readouterr().out
