@@ -17,7 +17,8 @@ gradient was finite, so a finite gradient that overflowed a 16-bit wire dtype is
 named as overflow. Then, at the step boundary, the policy may look at the step's
 gradients and decide for the next steps (``auto``).
 
-A wait that lasts ``HVDSKETCH_STALL_SECONDS`` (default 30) is reported on that
+A wait that lasts ``HVDSKETCH_STALL_SECONDS`` (default: Horovod's
+``HOROVOD_STALL_CHECK_TIME_SECONDS``, 60) is reported on that
 rank with what it waits for, every as many seconds until it ends, and ends the
 job after Horovod's ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` where that is set
 (:mod:`~hvdsketch.exchange.watchdog`).
@@ -55,7 +56,7 @@ from hvdsketch.exchange import agreement
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
 from hvdsketch.exchange.flight import Flight
 from hvdsketch.exchange.ordering import LaunchOrder
-from hvdsketch.exchange.watchdog import Watchdog, shutdown_seconds
+from hvdsketch.exchange.watchdog import Watchdog, report_seconds, shutdown_seconds
 from hvdsketch.memory import Fp32, Memory
 from hvdsketch.ops import backend
 
@@ -103,7 +104,7 @@ class Exchanger:
         self.world: int | None = None
         #: Residuals of the methods whose error feedback is their own, when ``memory`` is ``None``.
         self.own_memory = Memory(default=Fp32(), spec="fp32")
-        self.watchdog = Watchdog(float(os.environ.get("HVDSKETCH_STALL_SECONDS", 30)), shutdown_seconds())
+        self.watchdog = Watchdog(report_seconds(), shutdown_seconds())
         self._waiting_for = ""
         #: How long :meth:`check_in` waits for the other ranks (``HVDSKETCH_CHECKIN_SECONDS``).
         self.checkin_seconds = float(os.environ.get("HVDSKETCH_CHECKIN_SECONDS", 10))

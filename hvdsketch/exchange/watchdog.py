@@ -21,8 +21,15 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 
-#: Horovod's setting: seconds after which a stalled job is shut down (unset or 0: never).
-SHUTDOWN = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
+#: Horovod's settings: seconds after which a stalled job is shut down (unset or 0: never), and after
+#: which Horovod reports a stall (default 60).
+SHUTDOWN, CHECK = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS"
+
+
+def report_seconds() -> float:
+    """How long a wait lasts before it is reported: ``HVDSKETCH_STALL_SECONDS``, else Horovod's own
+    ``HOROVOD_STALL_CHECK_TIME_SECONDS``, else Horovod's default of 60."""
+    return float(os.environ.get("HVDSKETCH_STALL_SECONDS") or os.environ.get(CHECK) or 60)
 
 
 def shutdown_seconds() -> float:
