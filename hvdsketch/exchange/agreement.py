@@ -87,6 +87,10 @@ def allgather_objects(communicator: Communicator, obj: Any, name: str, ops: Modu
     return [pickle.loads(blob) for blob in shares(ops, *gathered)]
 
 
+#: A key one rank's description lacks.
+_ABSENT = object()
+
+
 def difference(everyone: Sequence[Mapping[str, Any]]) -> str | None:
     """The first difference between rank 0's description and another rank's (``None``: all the
     same), named by its key with both values; every rank that has every description names the same."""
