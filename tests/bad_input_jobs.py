@@ -8,9 +8,8 @@ import sys
 import time
 
 
-def stall() -> None:
-    """Rank 0 starts its second step 7 s after rank 1, which waits in the exchanger meanwhile and
-    reports what it waits for every ``HVDSKETCH_STALL_SECONDS``; then both finish the step."""
+def _torch_two_steps(sleeper: int, seconds: float) -> None:
+    """Two steps of hvdsketch's optimizer where rank ``sleeper`` starts its second ``seconds`` late."""
     import horovod.torch as hvd
     import torch
 
@@ -20,12 +19,18 @@ def stall() -> None:
     layer = torch.nn.Linear(4, 2)
     optimizer = DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), layer.named_parameters())
     for step in range(2):
-        if step == 1 and hvd.rank() == 0:
-            time.sleep(7)
+        if step == 1 and hvd.rank() == sleeper:
+            time.sleep(seconds)
         optimizer.zero_grad()
         layer(torch.ones(1, 4)).sum().backward()
         optimizer.step()
     print(f"rank {hvd.rank()}: done", flush=True)
+
+
+def stall() -> None:
+    """Rank 0 starts its second step 7 s after rank 1, which waits in the exchanger meanwhile and
+    reports what it waits for every ``HVDSKETCH_STALL_SECONDS``; then both finish the step."""
+    _torch_two_steps(sleeper=0, seconds=7)
 
 
 def _tensorflow():
@@ -188,21 +193,7 @@ def tf_dropin_no_gradient() -> None:
 
 def torch_never_comes() -> None:
     """Rank 1 sleeps where rank 0 waits in hvdsketch's exchange: the stall limit ends the job."""
-    import horovod.torch as hvd
-    import torch
-
-    from hvdsketch.torch import DistributedOptimizer
-
-    hvd.init()
-    layer = torch.nn.Linear(4, 2)
-    optimizer = DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), layer.named_parameters())
-    for step in range(2):
-        if step == 1 and hvd.rank() == 1:
-            time.sleep(300)
-        optimizer.zero_grad()
-        layer(torch.ones(1, 4)).sum().backward()
-        optimizer.step()
-    print(f"rank {hvd.rank()}: done", flush=True)
+    _torch_two_steps(sleeper=1, seconds=300)
 
 
 def train_differs() -> None:
