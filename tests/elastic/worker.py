@@ -12,8 +12,8 @@ under Horovod's own ``hvd.elastic.run``.
 discovery script's one-slot host) exits at step ``--at`` on its first launch (a marker
 file says it did); the others go on. ``--scenario add``: rank 0 adds host ``localhost``
 to the discovery file at step ``--at``; training goes on until the new worker has
-joined. ``--scenario die``: no elastic (plain ``mpirun``/``horovodrun``); rank 1 kills
-itself at step ``--at``. At the end every rank writes ``rank{r}.json`` into ``--out``:
+trained a few steps with the others. ``--scenario die``: no elastic (plain
+``mpirun``/``horovodrun``); rank 1 kills itself at step ``--at``. At the end every rank writes ``rank{r}.json`` into ``--out``:
 the world's size, the step, a digest of its parameters and the ``StateReset`` warnings it
 gave (read there, not in horovodrun's output, whose ranks' lines may interleave).
 """
@@ -148,11 +148,25 @@ def fault(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+#: add: the step at which this rank first trained in a world of three (the same on every rank: the
+#: old workers' step at the reset, which the sync gives the new one).
+joined_at: int | None = None
+#: add: the steps trained in the world of three, so that its exchanges join (the host may be
+#: discovered after the steps asked for, when the old workers' next commit is the reset).
+STEPS_JOINED = 3
+
+
 def going_on(state) -> bool:
-    """The same verdict on every rank: the steps asked for, and (add) until the new worker is in."""
-    if state.step < args.steps:
-        return True
-    return args.scenario == "add" and hvd.size() < 3 and state.step < 50 * args.steps
+    """The same verdict on every rank: the steps asked for, and (add) until the new worker has trained
+    ``STEPS_JOINED`` steps with the others."""
+    global joined_at
+    if args.scenario == "add" and hvd.size() == 3 and joined_at is None:
+        joined_at = state.step
+    if args.scenario != "add":
+        return state.step < args.steps
+    if joined_at is None:
+        return state.step < 50 * args.steps
+    return state.step < max(args.steps, joined_at + STEPS_JOINED)
 
 
 @hvd.elastic.run
