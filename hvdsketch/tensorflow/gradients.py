@@ -172,7 +172,7 @@ class GradientExchange:
         self.rejoin = False
         for i in shared:  # no gradient on this rank (a branch others take): take part with zeros, as in PyTorch
             if grads[i] is None:
-                grads[i] = tf.zeros_like(sources[i])
+                grads[i] = _zeros_like(sources[i])
         inputs = {names[i]: _as_hvdsketch(grads[i]) for i in shared}
         self._decide_if_traced(inputs, shapes, shared)
         if not tf.executing_eagerly() and self.keeps_python_state():
@@ -342,6 +342,13 @@ def _scaled(grad: Any, factor: float) -> Any:
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
     return grad * factor
+
+
+def _zeros_like(source: Any) -> tf.Tensor:
+    """Zeros for a source without a gradient on this rank. Inside ``tf.function`` they are computed from
+    the source's value: constant zeros would let TensorFlow fold the collective they feed into the graph
+    when it optimizes it, and the other ranks would wait for this rank's collective forever."""
+    return tf.zeros_like(source) if tf.executing_eagerly() else tf.convert_to_tensor(source) * 0
 
 
 def _as_hvdsketch(grad: Any) -> Any:

@@ -235,10 +235,12 @@ def test_a_parameter_frozen_on_one_rank_fails_on_every_rank():
                 "(requires_grad=False when the optimizer was made) on rank 1") in line, line
 
 
-def test_a_tf_variable_without_a_gradient_on_one_rank_takes_part_with_zeros():
-    """Eagerly, ``b`` without a gradient on rank 1: every rank gets the average of rank 0's gradient
-    (2 in each of 4 entries) and rank 1's zeros; ``w`` (2 in each of 32 entries) as usual."""
-    done = job("tf_no_gradient_eager", 150)
+@pytest.mark.parametrize("name", ["tf_no_gradient_eager", "tf_no_gradient_graph"])
+def test_a_tf_variable_without_a_gradient_on_one_rank_takes_part_with_zeros(name):
+    """Eagerly and inside ``tf.function``, ``b`` without a gradient on rank 1: every rank gets the
+    average of rank 0's gradient (2 in each of 4 entries) and rank 1's zeros; ``w`` (2 in each of 32
+    entries) as usual. (Inside ``tf.function``, constant zeros hung both ranks.)"""
+    done = job(name, 150)
     lines = outcomes(done.stdout)
     assert set(lines) == {0, 1}, done.stdout[-3000:]
     for line in lines.values():
