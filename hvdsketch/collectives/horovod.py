@@ -21,14 +21,9 @@ import re
 from types import ModuleType
 from typing import Any, Sequence
 
-from hvdsketch.collectives.stats import CommStats, alltoall_bytes, ring_allreduce_bytes
+from hvdsketch.collectives.grouping import count_allreduce, count_alltoall, gathered, group
+from hvdsketch.collectives.stats import CommStats
 from hvdsketch.compress.base import Message
-from hvdsketch.compress.sizing import ITEMSIZE
-from hvdsketch.ops import backend
-
-#: The reduction ops and the Horovod collective each travels in.
-KINDS = {"average": "allreduce", "sum": "allreduce", "max": "allreduce", "allgather": "allgather",
-         "bor": "allgather", "alltoall": "alltoall"}
 
 
 class HorovodHandle:
@@ -86,14 +81,8 @@ class HorovodCommunicator:
         return self.process_set.size()
 
     def start(self, messages: Sequence[Message], name: str) -> HorovodHandle:
-        groups: dict[tuple[str, str], list[int]] = {}  # (op, dtype) -> message indices
-        for i, m in enumerate(messages):
-            if m.op not in KINDS:
-                raise ValueError(f"hvdsketch: unknown reduction op {m.op!r}; valid: {', '.join(KINDS)}")
-            op = m.op if KINDS[m.op] == "allreduce" else "gather" if KINDS[m.op] == "allgather" else f"alltoall{i}"
-            groups.setdefault((op, backend(m.tensor).dtype_name(m.tensor)), []).append(i)
         started = [(op, picked, self._start(op, [messages[i] for i in picked], f"{name}.{op}.{dtype}"))
-                   for (op, dtype), picked in groups.items()]
+                   for (op, dtype), picked in group(messages).items()]
         return HorovodHandle(self, messages, started)
 
     def _start(self, op: str, messages: list[Message], name: str) -> Any:
@@ -131,23 +120,12 @@ class HorovodCommunicator:
             if op.startswith("alltoall"):
                 (i,), (received, _) = picked, results
                 out[i] = received
-                m, ops = messages[i], backend(messages[i].tensor)
-                kept = m.splits[self.rank] * ITEMSIZE[ops.dtype_name(m.tensor)]
-                self.stats.record("alltoall", *alltoall_bytes(ops.nbytes(m.tensor), kept, ops.nbytes(received)))
-                continue
-            if op != "gather":
-                wire = ring_allreduce_bytes(sum(backend(messages[i].tensor).nbytes(messages[i].tensor)
-                                                for i in picked), self.size)
-                self.stats.record(f"allreduce.{op}", wire, wire)
+                count_alltoall(self.stats, messages[i], received, self.rank)
+            elif op != "gather":
+                count_allreduce(self.stats, op, [messages[i] for i in picked], self.size)
                 for i, result in zip(picked, results):
                     out[i] = result
-                continue
-            for i, gathered in zip(picked, results):
-                m, ops = messages[i], backend(messages[i].tensor)
-                sent, total = ops.nbytes(m.tensor), ops.nbytes(gathered)
-                # a graph-mode allgather's size is known only at run time: count equal shares
-                received = sent * (self.size - 1) if total is None else total - sent
-                self.stats.record(m.op, sent * (self.size - 1), received)
-                out[i] = gathered if m.op == "allgather" else ops.bitwise_or_rows(
-                    ops.reshape(gathered, (self.size, -1)))
+            else:
+                for i, rows in zip(picked, results):
+                    out[i] = gathered(self.stats, messages[i], rows, self.size)
         return out

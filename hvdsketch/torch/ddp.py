@@ -1,0 +1,251 @@
+"""hvdsketch as a PyTorch DDP communication hook: any hvdsketch compressor, no Horovod.
+
+One line added to a plain ``DistributedDataParallel`` script::
+
+    import hvdsketch.torch.ddp as hvdsketch_ddp
+
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    model.register_comm_hook(hvdsketch_ddp.ExchangeState(model, compression="auto"), hvdsketch_ddp.exchange_hook)
+
+It follows PyTorch's own hooks (``powerSGD_hook``'s ``PowerSGDState``): a state
+object, made once per DDP model, and a hook ``exchange_hook(state, bucket)``
+that returns a ``torch.futures.Future`` of the bucket's averaged gradients.
+:class:`ExchangeState` takes what :func:`hvdsketch.torch.DistributedOptimizer`
+takes: the compression flag (``"sketch:error=0.5"``, ``"topk:ratio=0.01"``,
+``"auto:bandwidth=1gbit"``, per-tensor rules; ``HVDSKETCH_COMPRESSION``, then
+``"none"``, when not given), ``memory=`` for error feedback
+(``"fp32"``, ``"plan:budget=0.25"``), ``sparse_as_dense``. Each parameter of a
+bucket is exchanged with its own compressor (the policy's choice for its name),
+through hvdsketch's exchanger over ``torch.distributed``
+(:mod:`hvdsketch.collectives.torchdist`: gloo on CPU, NCCL on GPU, the process
+group given or the default one). Launch with ``torchrun`` (or ``mpirun``, with
+the rendezvous in the environment); only torch is needed.
+
+Buckets and steps. DDP calls the hook once per bucket, in the same order on every
+rank. A bucket's exchanges start when it is ready, fused per (op, dtype) as DDP
+fuses a bucket, so they travel while backward goes on; the step ends at the last
+bucket (``bucket.is_last()``), where the exchanger finishes every exchange (later
+rounds of two-round methods, PowerSGD's Q, the union's values, start there) and
+every bucket's future is completed. DDP waits for the futures only after the
+last bucket's hook returned, so nothing is lost by completing them together. The
+ranks' collectives must be issued in one order, which the exchanger fixes by
+tensor names; the hook learns the buckets' order from the step before. In the
+first step, and in a step whose first bucket differs from the step before
+(DDP rebuilds its buckets once, after the first step), the exchanges start at
+the last bucket instead, bucket by bucket in DDP's order; that is also why
+``compression="none"`` gives DDP's own allreduce bit for bit.
+
+What DDP users do keeps working: ``no_sync()`` (DDP calls no hook: the gradients
+accumulate locally, and the next synchronized backward exchanges the sum),
+``find_unused_parameters`` (unused parameters take part with zeros),
+``static_graph``, parameters of any floating dtype, and sparse gradients
+(``nn.Embedding(sparse=True)``): DDP gives each its own bucket, the exchanger
+gets it row-sparse (``sketch``, ``allgather``, ``union`` and ``balanced`` keep it
+sparse; others densify it), and it comes back as a sparse tensor. Several DDP
+models in one process each need a state of their own, and a process group of
+their own where their backward passes interleave.
+
+Tuning: ``compression="auto"`` picks per tensor from measured sizes and the link
+(``auto:bandwidth=1gbit,latency=50us`` declares it instead of probing); rules name
+tensors by the names of ``model.module.named_parameters()`` (``named_parameters``
+given otherwise). ``bucket_cap_mb`` of DDP sets how early exchanges start: smaller
+buckets start sooner. :meth:`ExchangeState.report` says what was sent against a
+dense allreduce, per collective, and which compressor each tensor got.
+
+Checkpoints: :meth:`ExchangeState.state_dict`, called on every rank between
+steps, gathers every rank's state (error-feedback residuals, compressors'
+state, step, policy decisions); rank 0 saves it beside the model, and every rank
+resumes bit for bit from that one file with :meth:`ExchangeState.load_state_dict`::
+
+    hook_state = state.state_dict()                      # every rank
+    if dist.get_rank() == 0:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "hook": hook_state}, path)
+    ...
+    saved = torch.load(path, weights_only=False)         # every rank
+    state.load_state_dict(saved["hook"])
+
+Another number of ranks or compression setup is a clear ``ValueError``, or
+with ``reset_on_change=True`` a reset of that state on every rank, warned
+(:mod:`hvdsketch.exchange.checkpoint`). At the first bucket every rank checks
+that all run the same compression, memory and parameters; every step, that all
+are at the same step; bad input raises the same error on every rank.
+"""
+# No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hvdsketch.collectives.torchdist import TorchDistCommunicator
+from hvdsketch.exchange import Exchanger, agreement, checkpoint
+from hvdsketch.exchange.report import report_of
+from hvdsketch.ops import torch as torch_ops
+from hvdsketch.torch.optimizer import _as_hvdsketch, _as_torch, _named, _sparse_layout
+
+__all__ = ["ExchangeState", "exchange_hook"]
+
+
+@dataclass
+class _Bucket:
+    """One bucket of this step, until the last bucket completes its future."""
+
+    names: tuple[str, ...]
+    buffer: torch.Tensor
+    gradients: list[torch.Tensor]  # views into a dense buffer; the sparse buffer itself
+    future: torch.futures.Future
+
+
+class ExchangeState:
+    """The state of :func:`exchange_hook` for one DDP model: its exchanger (compressors, residual
+    memory, policy, step) and this step's buckets.
+
+    Args:
+        model: the ``DistributedDataParallel`` model (its module's parameter names are used), a
+            module, or ``named_parameters`` pairs naming every parameter DDP reduces.
+        compression: a flag, per-tensor rules, a compressor or a policy, as
+            :func:`hvdsketch.torch.DistributedOptimizer` takes.
+        memory: error feedback: a ``--memory`` flag or a :class:`hvdsketch.memory.Memory`; ``None`` for none.
+        process_group: the ``torch.distributed`` group to average over (default: the default group).
+        sparse_as_dense: densify sparse gradients before compressing (they come back sparse).
+        prefix: the start of every collective's label (reports).
+    """
+
+    def __init__(self, model: "torch.nn.Module | Iterable[tuple[str, torch.Tensor]]",
+                 compression: Any = None, memory: Any = None, process_group: Any = None,
+                 sparse_as_dense: bool = False, prefix: str = "hvdsketch.ddp") -> None:
+        from hvdsketch.memory import create as create_memory
+        from hvdsketch.policy import create as create_policy
+
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        named = _named(model.named_parameters() if isinstance(model, torch.nn.Module) else model)
+        if len({name for name, _ in named}) != len(named):
+            raise ValueError("hvdsketch: named_parameters must name each parameter once, with unique names")
+        if not isinstance(sparse_as_dense, bool):
+            raise TypeError(f"hvdsketch: sparse_as_dense must be True or False, got {sparse_as_dense!r}")
+        self._names = {p: name for name, p in named}
+        policy = create_policy(compression)
+        self.communicator = TorchDistCommunicator(process_group)
+        self.exchanger = Exchanger(policy, self.communicator, None if memory is None else create_memory(memory),
+                                   sparse_as_dense=sparse_as_dense, prefix=prefix)
+        self._buckets: list[_Bucket] = []  # this step's, until its last bucket
+        self._layout: list[tuple[str, ...]] = []  # the last step's buckets, by names
+        self._streaming = False  # this step's buckets start as they come
+        self._bytes_dense = 0
+
+    # -- one bucket, one step ---------------------------------------------------------------------
+
+    def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """The future of ``bucket``'s averaged gradients (what :func:`exchange_hook` returns)."""
+        buffer = bucket.buffer()
+        names = tuple(self._name(p) for p in bucket.parameters())
+        gradients = [buffer] if buffer.is_sparse else list(bucket.gradients())
+        devices = [buffer.device] if buffer.device.type == "cuda" else None
+        current = _Bucket(names, buffer, gradients, torch.futures.Future(devices=devices))
+        self._buckets.append(current)
+        try:
+            if len(self._buckets) == 1:
+                self._streaming = bool(self._layout) and self._layout[0] == names
+                if self._streaming:
+                    self._begin(self._layout)
+            if self._streaming:
+                self._start(current)
+            if bucket.is_last():
+                self._end_step()
+        except BaseException as error:
+            self._abandon(error)
+            raise
+        return current.future
+
+    def _name(self, p: torch.Tensor) -> str:
+        name = self._names.get(p)
+        if name is None:
+            raise ValueError(f"hvdsketch: DDP reduces a parameter of shape {tuple(p.shape)} that the hook's "
+                             f"ExchangeState was not given; make it from the DDP model or its named_parameters()")
+        return name
+
+    def _begin(self, layout: list[tuple[str, ...]]) -> None:
+        """A step's first start: the ranks' agreement where a world begins, the launch order."""
+        checkpoint.begin(self.exchanger, self._described, torch_ops)
+        self.exchanger.expect([name for names in layout for name in names])
+
+    def _start(self, bucket: _Bucket) -> None:
+        with self.communicator.fusing():  # the bucket's first rounds go out together, as DDP's bucket
+            for name, gradient in zip(bucket.names, bucket.gradients):
+                self.exchanger.start(name, _as_hvdsketch(gradient))
+
+    def _end_step(self) -> None:
+        """The last bucket: start what waited, finish every exchange, complete every future."""
+        buckets, self._buckets = self._buckets, []
+        layout = [bucket.names for bucket in buckets]
+        if not self._streaming:
+            self._begin(layout)
+            for bucket in buckets:
+                self._start(bucket)
+        averaged = self.exchanger.finish()
+        self._layout = layout
+        for bucket in buckets:
+            if bucket.buffer.is_sparse:
+                result = _as_torch(averaged[bucket.names[0]])
+                sparse_dim = bucket.buffer.sparse_dim()
+                if not (result.is_sparse and result.sparse_dim() == sparse_dim):
+                    result = _sparse_layout(result.to_dense() if result.is_sparse else result, sparse_dim)
+                bucket.future.set_result(result)
+            else:
+                for name, gradient in zip(bucket.names, bucket.gradients):
+                    result = _as_torch(averaged[name])
+                    gradient.copy_(result.to_dense() if result.is_sparse else result)
+                bucket.future.set_result(bucket.buffer)
+            self._bytes_dense += sum(torch_ops.nbytes(g) if not g.is_sparse else
+                                     g.shape.numel() * g.element_size() for g in bucket.gradients)
+
+    def _abandon(self, error: BaseException) -> None:
+        """A step broken off: every bucket's future fails with ``error``, no exchange goes on."""
+        buckets, self._buckets = self._buckets, []
+        for bucket in buckets:
+            if not bucket.future.done():
+                bucket.future.set_exception(error)
+        self.exchanger.abandon()
+
+    def _described(self) -> list[agreement.Tensor]:
+        return [agreement.Tensor(name, tuple(p.shape), torch_ops.dtype_name(p),
+                                 "" if p.requires_grad else "requires_grad=False")
+                for p, name in self._names.items()]
+
+    # -- checkpoints and reports ------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's hvdsketch state under ``"hvdsketch"`` (collective: call it on every rank,
+        between steps; rank 0 saves it). See :mod:`hvdsketch.exchange.checkpoint`."""
+        if self._buckets:
+            raise RuntimeError("hvdsketch: a step is under way (DDP has called the hook for some buckets); "
+                               "call state_dict() after backward")
+        return {"hvdsketch": checkpoint.gather(self.exchanger, torch_ops)}
+
+    def load_state_dict(self, state: Mapping[str, Any], reset_on_change: bool = False) -> None:
+        """Resume this rank from its entry of :meth:`state_dict`'s checkpoint (loaded on every rank).
+        Another number of ranks or compression setup raises ``ValueError``, or with
+        ``reset_on_change=True`` starts every rank's residuals and compressors' state afresh, warned."""
+        if self._buckets:
+            raise RuntimeError("hvdsketch: cannot load state while a step is under way")
+        if "hvdsketch" not in state:
+            raise ValueError("hvdsketch: the hook state has no 'hvdsketch' entry (one made by "
+                             "ExchangeState.state_dict(), called on every rank)")
+        states = checkpoint.resolve(state["hvdsketch"], self.exchanger, reset_on_change)
+        devices = {name: p.device for p, name in self._names.items()}
+        self.exchanger.load_state_dict(states[self.communicator.rank], lambda name, array: torch.from_numpy(
+            np.array(array)).to(devices.get(name, "cpu")))
+
+    def report(self) -> dict[str, Any]:
+        """Bytes this rank sent (per collective and in total) against a dense ring allreduce, the
+        residuals kept and the policy's assignment (:func:`hvdsketch.exchange.report.report_of`)."""
+        return report_of(self.exchanger, self._bytes_dense)
+
+
+def exchange_hook(state: ExchangeState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: ``bucket``'s gradients averaged by hvdsketch's exchanger, as a future
+    (``ddp_model.register_comm_hook(ExchangeState(ddp_model, compression=...), exchange_hook)``)."""
+    return state.reduce(bucket)
