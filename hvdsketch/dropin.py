@@ -40,8 +40,9 @@ from typing import Any
 
 from hvdsketch import spec as _spec
 from hvdsketch.compress import REGISTRY, Compressor, TensorContext, create
+from hvdsketch.compress.flight import Flight
+from hvdsketch.compress.support import is_passthrough
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
-from hvdsketch.exchange.flight import Flight
 from hvdsketch.ops import backend
 
 _TAGGED = ("float32", "float64")
@@ -86,7 +87,7 @@ class DropInCompression:
     def compress(self, tensor: Any) -> tuple[Any, Any]:
         ops = backend(tensor)
         shape = ops.shape(tensor)
-        if not ops.is_floating(tensor) or 0 in shape:
+        if is_passthrough(tensor):
             return tensor, None
         traced = ops.is_symbolic(tensor)
         if self._decompressed:  # a new step, or a new trace, which is no step

@@ -18,7 +18,8 @@ import pytest
 from hvdsketch.collectives import reduce
 from hvdsketch.compress import Compressor, TensorContext, create
 from hvdsketch.compress.base import Message
-from hvdsketch.exchange import Exchanger, Flight
+from hvdsketch.compress.flight import Flight
+from hvdsketch.exchange import Exchanger
 from hvdsketch.memory import Memory
 from hvdsketch.ops import backend
 from hvdsketch.policy import Policy

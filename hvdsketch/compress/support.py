@@ -37,6 +37,14 @@ class RowSparse:
         return ops.reshape(dense, self.dense_shape)
 
 
+def is_passthrough(tensor: Any) -> bool:
+    """Integer and empty tensors are averaged as they are: there is nothing to compress."""
+    if isinstance(tensor, RowSparse):
+        return False
+    ops = backend(tensor)
+    return not ops.is_floating(tensor) or 0 in ops.shape(tensor)
+
+
 @dataclass(frozen=True)
 class Layout:
     """How a tensor of ``numel`` elements splits into ``units`` support units of ``unit_len``."""

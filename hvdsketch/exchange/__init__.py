@@ -1,8 +1,7 @@
-"""The exchange of gradients: one driver of rounds (:mod:`.flight`, where error feedback lives),
-the exchanger that overlaps exchanges with backward (:mod:`.exchanger`), and the checks that ranks
-agree (:mod:`.agreement`)."""
+"""The exchange of gradients: the exchanger that overlaps exchanges with backward (:mod:`.exchanger`),
+each tensor's driven by a :class:`~hvdsketch.compress.flight.Flight` (where error feedback lives), and
+the checks that ranks agree (:mod:`.agreement`). The policy sits below it: it imports nothing from here."""
 from hvdsketch.exchange.agreement import AgreementError
-from hvdsketch.exchange.exchanger import Exchanger, is_passthrough
-from hvdsketch.exchange.flight import Flight, run_local
+from hvdsketch.exchange.exchanger import Exchanger
 
-__all__ = ["AgreementError", "Exchanger", "Flight", "is_passthrough", "run_local"]
+__all__ = ["AgreementError", "Exchanger"]

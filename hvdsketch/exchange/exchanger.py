@@ -4,7 +4,7 @@ The PyTorch optimizer calls :meth:`Exchanger.start` from each parameter's
 gradient hook, while backward goes on, and :meth:`Exchanger.finish` before the
 optimizer's step; the TensorFlow tape calls both for the gradients it computed.
 ``start`` asks the policy for the tensor's compressor (decided at the last step
-boundary, never mid-step), starts a :class:`~hvdsketch.exchange.flight.Flight`
+boundary, never mid-step), starts a :class:`~hvdsketch.compress.flight.Flight`
 (error feedback included) and sends its first round through the non-blocking
 communicator; it also moves on every earlier tensor whose round has landed, so
 multi-round methods advance while backward still runs. ``finish`` first checks
@@ -51,10 +51,10 @@ from typing import Any, Callable, ContextManager, Literal, Mapping, Sequence
 
 from hvdsketch.collectives import Communicator, Handle
 from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
-from hvdsketch.compress.support import values_of
+from hvdsketch.compress.flight import Flight
+from hvdsketch.compress.support import is_passthrough, values_of
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
-from hvdsketch.exchange.flight import Flight
 from hvdsketch.exchange.ordering import LaunchOrder
 from hvdsketch.exchange.watchdog import Watchdog, report_seconds, shutdown_seconds
 from hvdsketch.memory import Fp32, Memory
@@ -64,14 +64,6 @@ Reduction = Literal["average", "sum"]
 #: The handle of a round waiting in the launch order's queue.
 QUEUED = object()
 
-
-
-def is_passthrough(tensor: Any) -> bool:
-    """Integer and empty tensors are averaged as they are: there is nothing to compress."""
-    if isinstance(tensor, RowSparse):
-        return False
-    ops = backend(tensor)
-    return not ops.is_floating(tensor) or 0 in ops.shape(tensor)
 
 
 class Exchanger:

@@ -62,6 +62,7 @@ from hvdsketch import spec as _spec
 from hvdsketch.collectives import Communicator, reduce, side_channel
 from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext
 from hvdsketch.compress.balanced import Balanced
+from hvdsketch.compress.support import is_passthrough
 from hvdsketch.compress.union import Union
 from hvdsketch.memory.stores import flag
 from hvdsketch.ops import backend
@@ -163,8 +164,6 @@ class AutoPolicy(Policy):
 
     def end_step(self, inputs: Sequence[tuple[Any, TensorContext]], communicator: Communicator,
                  traced: bool = False) -> None:
-        from hvdsketch.exchange import is_passthrough
-
         index, self._calls = self._calls, self._calls + 1
         live = [(t, ctx) for t, ctx in inputs if not is_passthrough(t)]
         if not live:

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 from hvdsketch.collectives.stats import ring_allreduce_bytes
 from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
+from hvdsketch.compress.flight import run_local
 from hvdsketch.compress.support import Layout, values_of
 from hvdsketch.ops import backend
 from hvdsketch.spec import SpecError
@@ -157,8 +158,6 @@ def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: in
     ranks (``ring_bor``: the communicator ORs in a ring). A fresh instance of the compressor runs, so
     its per-tensor state (PowerSGD's Q and residual) is left untouched. Timing waits for the device
     (host syncs: it runs at the deciding step only)."""
-    from hvdsketch.exchange import run_local
-
     ops = backend(values_of(tensor))
     best, rounds = math.inf, []
     for _ in range(repeats):

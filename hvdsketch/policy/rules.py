@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from hvdsketch.collectives import Communicator
 from hvdsketch.compress import Compressor, TensorContext, create
-from hvdsketch.exchange import is_passthrough
+from hvdsketch.compress.support import is_passthrough
 from hvdsketch.policy.base import CompressorPool, Policy, announce
 from hvdsketch.policy.flag import from_flag
 from hvdsketch.policy.cost import BLOCK, densities, measure

@@ -121,7 +121,7 @@ def test_union_is_priced_from_the_union_bound_and_the_communicators_or(ring_bor)
 def test_topk_takes_a_row_sparse_gradient_as_it_is(ratio):
     """The auto policy's top-k candidate on an embedding's gradient: chosen from its rows, never
     densified, the same exchange as on the dense tensor (all non-zeros when k exceeds them)."""
-    from hvdsketch.exchange import run_local
+    from hvdsketch.compress.flight import run_local
 
     g = row_sparse(2000, 16, 0.02, seed=4)
     rows = np.flatnonzero(g.any(axis=1))

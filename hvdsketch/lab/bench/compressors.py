@@ -113,7 +113,7 @@ def measure(compressor: Any, tensor: Any, shape: tuple[int, ...], step: int, mem
     residual included), result, messages per round."""
     from hvdsketch.compress import TensorContext
     from hvdsketch.compress.support import values_of
-    from hvdsketch.exchange import Flight
+    from hvdsketch.compress.flight import Flight
 
     ops = backend_of(tensor)
     ops.synchronize(values_of(tensor))
