@@ -28,6 +28,17 @@ class SpecError(ValueError):
     """A compression flag that names no compressor, an unknown key, or a bad value."""
 
 
+def known_keys(raw: Any, valid: typing.Sequence[str], what: str) -> Mapping[str, Any]:
+    """``raw`` where it is a mapping of ``valid`` keys only (a YAML section, a rule), else a
+    :class:`SpecError` that starts with ``what`` and names the valid keys."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"{what} must be a mapping with keys {', '.join(valid)}, got {raw!r}")
+    unknown = sorted(map(str, set(raw) - set(valid)))
+    if unknown:
+        raise SpecError(f"{what}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Spec:
     """A parsed flag: a compressor's name and its options as written."""

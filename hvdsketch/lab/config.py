@@ -94,12 +94,7 @@ class TrainConfig:
     def load(cls, config_file: str | None, **overrides: Any) -> "TrainConfig":
         path = config_file
         raw = yaml.safe_load(Path(path).read_text()) if path else {}
-        if not isinstance(raw, dict):
-            raise SpecError(f"{path}: a config must be a mapping of keys, got {type(raw).__name__}")
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - valid)
-        if unknown:
-            raise SpecError(f"{path}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+        raw = dict(spec.known_keys(raw, sorted(f.name for f in dataclasses.fields(cls)), f"{path}: a config"))
         raw["compression"] = spec.resolve(None, overrides.pop("compression", None), raw)
         raw.update({k: v for k, v in overrides.items() if v is not None})
         if "workload" not in raw:

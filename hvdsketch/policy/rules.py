@@ -29,7 +29,7 @@ from hvdsketch.policy.base import CompressorPool, Policy, announce
 from hvdsketch.policy.flag import from_flag
 from hvdsketch.policy.cost import BLOCK, densities, measure
 from hvdsketch.policy.table import Assignment
-from hvdsketch.spec import SpecError
+from hvdsketch.spec import SpecError, known_keys
 
 
 @dataclass(frozen=True)
@@ -69,12 +69,7 @@ class Rule:
     @classmethod
     def from_mapping(cls, raw: Any) -> "Rule":
         """A rule from a YAML mapping; :class:`SpecError` for unknown or missing keys."""
-        valid = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(raw, Mapping):
-            raise SpecError(f"a rule must be a mapping with keys {', '.join(valid)}, got {raw!r}")
-        unknown = sorted(set(raw) - set(valid))
-        if unknown:
-            raise SpecError(f"unknown rule key(s) {', '.join(map(str, unknown))}; valid: {', '.join(valid)}")
+        known_keys(raw, [f.name for f in dataclasses.fields(cls)], "a rule")
         if "compression" not in raw:
             raise SpecError(f"rule {dict(raw)} needs a compression, e.g. compression: sketch")
         return cls(**raw)
@@ -112,9 +107,7 @@ class Rules(Policy):
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> "Rules":
         """From ``{rules: [...], default: ...}``; :class:`SpecError` for unknown keys."""
-        unknown = sorted(set(raw) - {"rules", "default"})
-        if unknown:
-            raise SpecError(f"unknown compression key(s) {', '.join(map(str, unknown))}; valid: default, rules")
+        known_keys(raw, ["default", "rules"], "a compression mapping")
         if "rules" not in raw:
             raise SpecError("a compression mapping needs rules: [...] (and optionally default:)")
         return cls(raw["rules"] or [], raw.get("default", "none"))

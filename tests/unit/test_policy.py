@@ -213,12 +213,12 @@ def test_rules_and_their_default_share_one_object_per_flag():
 @pytest.mark.parametrize("raw, message", [
     ({"rules": [{"name": "x", "compression": "sketchy"}]}, "unknown compressor 'sketchy'; valid: .*topk"),
     ({"rules": [{"name": "x"}]}, "needs a compression"),
-    ({"rules": [{"pattern": "x", "compression": "none"}]}, r"unknown rule key\(s\) pattern; valid: compression, name"),
+    ({"rules": [{"pattern": "x", "compression": "none"}]}, r"a rule: unknown key\(s\) pattern; valid: compression, name"),
     ({"rules": [{"ndim": "two", "compression": "none"}]}, "ndim must be a non-negative integer"),
     ({"rules": [{"shape": "10x10", "compression": "none"}]}, "shape must be a list"),
     ({"rules": "emb*: sketch"}, "rules must be a list"),
     ({"rules": ["sketch"]}, "a rule must be a mapping"),
-    ({"rule": []}, r"unknown compression key\(s\) rule; valid: default, rules"),
+    ({"rule": []}, r"a compression mapping: unknown key\(s\) rule; valid: default, rules"),
     ({"default": "none"}, "needs rules"),
     ({"rules": [], "default": "auto:warmup=0"}, "warmup must be >= 1"),
 ])

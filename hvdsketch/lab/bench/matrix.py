@@ -46,7 +46,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from hvdsketch.spec import Spec, SpecError
+from hvdsketch.spec import Spec, SpecError, known_keys
 
 TRAIN = "train"
 #: The label and runner name of a cell's exchange probe.
@@ -55,13 +55,7 @@ PROBE = "exchange-probe"
 
 def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
     """``raw`` checked against the dataclass ``cls``: a mapping with known keys only."""
-    valid = [f.name for f in dataclasses.fields(cls)]
-    if not isinstance(raw, Mapping):
-        raise SpecError(f"{where}: expected a mapping with keys {', '.join(valid)}, got {raw!r}")
-    unknown = sorted(set(raw) - set(valid))
-    if unknown:
-        raise SpecError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; valid: {', '.join(valid)}")
-    return dict(raw)
+    return dict(known_keys(raw, [f.name for f in dataclasses.fields(cls)], where))
 
 
 @dataclass(frozen=True)
