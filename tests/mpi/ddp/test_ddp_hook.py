@@ -1,0 +1,108 @@
+"""The hook against DDP's own reduction, on real gloo process groups (every rank runs these)."""
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+from hvdsketch.collectives.stats import ring_allreduce_bytes
+from tests.mpi.ddp.cases import batches, ddp, flat, loss, model, sgd, train, trained
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_none_is_ddps_allreduce_bit_for_bit(sparse):
+    """Several buckets a step, DDP's bucket rebuild after the first step, momentum: the same bits."""
+    reference, _ = trained(None, sparse, steps=5)
+    ours, state = trained("none", sparse, steps=5)
+    assert torch.equal(ours, reference)
+    report = state.report()
+    assert report["steps"] == 5 and report["collectives"]["allreduce.average"]["bytes_sent"] == report["bytes_dense_allreduce"]
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("compression", ["allgather", "union"])
+def test_exact_sparse_methods_equal_ddps_average(compression, sparse):
+    """The exact sparse exchanges average as DDP does, to float rounding; the sparse embedding's
+    gradient comes back sparse."""
+    reference, _ = trained(None, sparse)
+    module = model(sparse)
+    wrapped, state = ddp(module, compression)
+    optimizer = sgd(module)
+    for batch in batches(4):
+        optimizer.zero_grad()
+        loss(wrapped, batch).backward()
+        assert module[0].weight.grad.is_sparse == sparse
+        optimizer.step()
+    torch.testing.assert_close(flat(module), reference, rtol=1e-5, atol=1e-6)
+    assert state.report()["collectives"]  # it went through the exchanger
+
+
+def test_no_sync_accumulates_as_ddp_does():
+    """Two micro-batches under no_sync(), a third synchronized: the hook sees the sum of the three,
+    and ``none`` steps exactly as DDP's own allreduce."""
+    results = []
+    for compression in (None, "none"):
+        module = model(sparse=False)
+        wrapped, state = ddp(module, compression)
+        optimizer = sgd(module)
+        data = batches(6)
+        for first in (0, 3):
+            optimizer.zero_grad()
+            with wrapped.no_sync():
+                loss(wrapped, data[first]).backward()
+                loss(wrapped, data[first + 1]).backward()
+            loss(wrapped, data[first + 2]).backward()
+            optimizer.step()
+        results.append(flat(module))
+        if state is not None:
+            assert state.exchanger.step == 2  # one exchange per synchronized backward
+    assert torch.equal(results[0], results[1])
+
+
+def powersgd_model() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 40))
+
+
+def test_powersgd_matches_pytorchs_powersgd_hook():
+    """Gradients of rank at most 2 rows a rank, so rank ``2 N`` approximations are exact: hvdsketch's
+    ``powersgd`` and PyTorch's PowerSGD hook (no error feedback, no warm start, compressing what
+    hvdsketch compresses: ``min_compression_rate=1``) both give DDP's average, to float rounding,
+    and send the same bytes in their PowerSGD steps (the P and Q allreduces and the biases).
+
+    Two steps (PyTorch's hook allreduces the first dense): hvdsketch's warm start reuses the averaged
+    Q as it is (the paper's Algorithm 2; PyTorch's hook orthogonalizes it first), so its product
+    with the next step's gradients grows ill-conditioned, and the exact case drifts from the third
+    step on (1e-7, 5e-6, 8e-4 at 2 ranks)."""
+    size, steps, rank = dist.get_world_size(), 2, 2 * dist.get_world_size()
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    data = [(torch.randn(2, 64, generator=generator), torch.randn(2, 40, generator=generator)) for _ in range(steps)]
+    params, states = {}, {}
+    for kind in ("ddp", "pytorch", "hvdsketch"):
+        module = powersgd_model()
+        wrapped = torch.nn.parallel.DistributedDataParallel(module)
+        if kind == "pytorch":
+            states[kind] = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=1,
+                                                       min_compression_rate=1, use_error_feedback=False,
+                                                       warm_start=False)
+            wrapped.register_comm_hook(states[kind], powerSGD_hook.powerSGD_hook)
+        elif kind == "hvdsketch":
+            wrapped, states[kind] = ddp(module, f"powersgd:rank={rank}")
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+        for x, y in data:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(wrapped(x), y).backward()
+            optimizer.step()
+        params[kind] = flat(module)
+    torch.testing.assert_close(params["hvdsketch"], params["ddp"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(params["pytorch"], params["ddp"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(params["hvdsketch"], params["pytorch"], rtol=1e-4, atol=1e-5)
+    _, _, elements = states["pytorch"].compression_stats()  # in its steps after the first (dense) one
+    theirs = ring_allreduce_bytes(int(elements) * 4, size) / (steps - 1)
+    ours = states["hvdsketch"].report()["collectives"]["allreduce.average"]["bytes_sent"] / steps
+    assert ours == theirs
+
+
+def test_this_path_imports_no_horovod():
+    assert not [name for name in sys.modules if name == "horovod" or name.startswith("horovod.")]
