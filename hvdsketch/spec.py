@@ -72,6 +72,14 @@ class Spec:
         return int.from_bytes(hashlib.sha256(str(self).encode()).digest()[:4], "little") >> 1
 
 
+def render(options: Any) -> str:
+    """The canonical flag of a frozen dataclass whose fields are a flag's options (a compressor, a
+    residual store): its ``name`` and, in field order, the options not at their default."""
+    opts = ",".join(f"{f.name}={getattr(options, f.name)}" for f in dataclasses.fields(options)
+                    if f.init and getattr(options, f.name) != f.default)
+    return f"{options.name}:{opts}" if opts else options.name
+
+
 def _alternatives(kind: Any) -> tuple[list[Any], bool]:
     """The types a field of type ``kind`` takes, and whether it takes ``None``."""
     if typing.get_origin(kind) in (typing.Union, types.UnionType):

@@ -30,6 +30,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Generator, Literal, Mapping, Sequence
 
+from hvdsketch import spec as _spec
 from hvdsketch.compress.state import Convert, export_state, import_state
 from hvdsketch.compress.support import RowSparse
 
@@ -145,6 +146,4 @@ class Compressor(ABC):
         import_state(self, state, convert)
 
     def __str__(self) -> str:
-        opts = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)  # type: ignore[arg-type]
-                        if f.init and getattr(self, f.name) != f.default)
-        return f"{self.name}:{opts}" if opts else self.name
+        return _spec.render(self)

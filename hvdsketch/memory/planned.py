@@ -22,7 +22,8 @@ from hvdsketch.compress.support import RowSparse
 from hvdsketch.memory.planner import DEFAULT_CANDIDATES, Plan, budget_bytes_of, solve
 from hvdsketch.memory.registry import create_store
 from hvdsketch.memory.residual import Memory
-from hvdsketch.memory.stores import Fp32, Nothing, Store, flag
+from hvdsketch.memory.stores import Fp32, Nothing, Store
+from hvdsketch.spec import render
 from hvdsketch.memory.warmup import Warmup
 from hvdsketch.ops import backend
 
@@ -54,7 +55,7 @@ class PlanSpec:
             raise ValueError("time_weight must be >= 0")
 
     def __str__(self) -> str:
-        return flag(self)
+        return render(self)
 
 
 class PlannedMemory(Memory):

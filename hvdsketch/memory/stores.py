@@ -36,7 +36,6 @@ offload    nothing; fp32 in host memory, two copies per step            0 on dev
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 from abc import ABC, abstractmethod
@@ -47,6 +46,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from hvdsketch.compress.support import RowSparse, values_of
+from hvdsketch.spec import render
 from hvdsketch.ops import backend
 
 State = dict[str, Any]
@@ -57,13 +57,6 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
 
 def numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
-
-
-def flag(options: Any) -> str:
-    """The canonical flag of a dataclass of options: its name and the options not at their default."""
-    opts = ",".join(f"{f.name}={getattr(options, f.name)}" for f in dataclasses.fields(options)
-                    if getattr(options, f.name) != f.default)
-    return f"{options.name}:{opts}" if opts else options.name
 
 
 class Store(ABC):
@@ -109,7 +102,7 @@ class Store(ABC):
         return ops.from_numpy(array, like)
 
     def __str__(self) -> str:
-        return flag(self)
+        return render(self)
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,6 @@ from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext
 from hvdsketch.compress.balanced import Balanced
 from hvdsketch.compress.support import is_passthrough
 from hvdsketch.compress.union import Union
-from hvdsketch.memory.stores import flag
 from hvdsketch.ops import backend
 from hvdsketch.policy.base import CompressorPool, Policy, announce
 from hvdsketch.policy.cost import (BLOCK, Link, Measurement, balanced_bytes, densities, measure, parse_bandwidth,
@@ -116,7 +115,7 @@ class AutoOptions:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
 
     def __str__(self) -> str:
-        return flag(self)
+        return _spec.render(self)
 
 
 def parse(text: "str | _spec.Spec") -> AutoOptions:
