@@ -1,0 +1,50 @@
+"""Every tensor on the hook's path is made on the gradient's device, proved without a GPU: the
+hook runs with torch's default device "meta" (:func:`tests.mpi.torch.test_device.meta_default`,
+entered again inside :meth:`ExchangeState.reduce`, which DDP calls outside the mode), so a tensor
+made without ``device=`` meets the CPU gradient and raises. Every compressor, residual memories,
+the sparse embedding, a checkpoint's restore; the replicas still agree."""
+import pytest
+import torch
+
+from hvdsketch.torch.ddp import ExchangeState
+from tests.mpi.ddp.cases import assert_replicas_agree, batches, ddp, model, sgd, train
+from tests.mpi.torch.test_device import AUTO, meta_default
+
+COMPRESSIONS = ["none", "fp16", "sketch", "sketch:density=0.2", "allgather", "union", "topk:ratio=0.1",
+                "randomk:ratio=0.1", "dgc:ratio=0.1", "qsgd", "terngrad", "efsignsgd", "powersgd", "balanced", *AUTO]
+MEMORIES = [None, "fp32", "topk", "sketch", "offload"]
+
+
+@pytest.mark.parametrize("memory", MEMORIES, ids=str)
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_hook_steps_on_the_gradients_device(compression, memory):
+    module = model()
+    wrapped, state = ddp(module, compression, memory=memory)
+    optimizer = sgd(module)
+    data = batches(3)
+    with meta_default((ExchangeState, "reduce")):
+        train(wrapped, optimizer, data[:2])  # auto and its probe decide after the first
+        state.load_state_dict(state.state_dict())  # residuals and state restored on the device
+        train(wrapped, optimizer, data[2:])
+    assert module[0].weight.grad.is_sparse
+    assert_replicas_agree(module)
+
+
+def test_the_hook_runs_inside_the_meta_default():
+    """The harness can fail: inside the hook, a tensor made without a device is on "meta"."""
+    seen = []
+    reduce = ExchangeState.reduce
+
+    def probe(self, bucket):
+        seen.append(torch.zeros(1).device.type)
+        return reduce(self, bucket)
+
+    module = model()
+    wrapped, _ = ddp(module, "none")
+    ExchangeState.reduce = probe
+    try:
+        with meta_default((ExchangeState, "reduce")):
+            train(wrapped, sgd(module), batches(1))
+    finally:
+        ExchangeState.reduce = reduce
+    assert seen and set(seen) == {"meta"}
