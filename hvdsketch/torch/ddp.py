@@ -33,7 +33,10 @@ tensor names; the hook learns the buckets' order from the step before. In the
 first step, and in a step whose first bucket differs from the step before
 (DDP rebuilds its buckets once, after the first step), the exchanges start at
 the last bucket instead, bucket by bucket in DDP's order; that is also why
-``compression="none"`` gives DDP's own allreduce bit for bit.
+``compression="none"`` gives DDP's own allreduce bit for bit. A checkpoint carries
+the buckets of the step it was saved after, and the first step after a resume
+sums in those (DDP itself starts again from its first layout), so the resumed run
+adds in the same order as the uninterrupted one, at any number of ranks.
 
 What DDP users do keeps working: ``no_sync()`` (DDP calls no hook: the gradients
 accumulate locally, and the next synchronized backward exchanges the sum),
@@ -133,6 +136,7 @@ class ExchangeState:
                                    sparse_as_dense=sparse_as_dense, prefix=prefix)
         self._buckets: list[_Bucket] = []  # this step's, until its last bucket
         self._layout: list[tuple[str, ...]] = []  # the last step's buckets, by names
+        self._resumed: list[tuple[str, ...]] = []  # the buckets of the step a checkpoint was saved after
         self._streaming = False  # this step's buckets start as they come
         self._bytes_dense = 0
 
@@ -152,7 +156,7 @@ class ExchangeState:
                 if self._streaming:
                     self._begin(self._layout)
             if self._streaming:
-                self._start(current)
+                self._start(names, dict(zip(names, gradients)))
             if bucket.is_last():
                 self._end_step()
         except BaseException as error:
@@ -172,19 +176,28 @@ class ExchangeState:
         checkpoint.begin(self.exchanger, self._described, torch_ops)
         self.exchanger.expect([name for names in layout for name in names])
 
-    def _start(self, bucket: _Bucket) -> None:
-        with self.communicator.fusing():  # the bucket's first rounds go out together, as DDP's bucket
-            for name, gradient in zip(bucket.names, bucket.gradients):
-                self.exchanger.start(name, _as_hvdsketch(gradient))
+    def _start(self, names: tuple[str, ...], gradients: Mapping[str, torch.Tensor]) -> None:
+        """Start one bucket's exchanges; their first rounds go out together, as DDP's bucket does."""
+        with self.communicator.fusing():
+            for name in names:
+                self.exchanger.start(name, _as_hvdsketch(gradients[name]))
 
     def _end_step(self) -> None:
-        """The last bucket: start what waited, finish every exchange, complete every future."""
+        """The last bucket: start what waited, finish every exchange, complete every future.
+
+        What waited starts bucket by bucket: as this step's buckets, or, in the first step after a
+        resume, as the buckets of the step the checkpoint was saved after (DDP starts again from its
+        first layout, which it rebuilds after a step), so the sums are the uninterrupted run's."""
         buckets, self._buckets = self._buckets, []
         layout = [bucket.names for bucket in buckets]
+        resumed, self._resumed = self._resumed, []
         if not self._streaming:
-            self._begin(layout)
-            for bucket in buckets:
-                self._start(bucket)
+            same = sorted(n for names in resumed for n in names) == sorted(n for names in layout for n in names)
+            order = resumed if same else layout
+            self._begin(order)
+            gradients = {name: g for bucket in buckets for name, g in zip(bucket.names, bucket.gradients)}
+            for names in order:
+                self._start(names, gradients)
         averaged = self.exchanger.finish()
         self._layout = layout
         for bucket in buckets:
@@ -223,7 +236,8 @@ class ExchangeState:
         if self._buckets:
             raise RuntimeError("hvdsketch: a step is under way (DDP has called the hook for some buckets); "
                                "call state_dict() after backward")
-        return {"hvdsketch": checkpoint.gather(self.exchanger, torch_ops)}
+        return {"hvdsketch": checkpoint.gather(self.exchanger, torch_ops),
+                "buckets": [list(names) for names in self._layout]}
 
     def load_state_dict(self, state: Mapping[str, Any], reset_on_change: bool = False) -> None:
         """Resume this rank from its entry of :meth:`state_dict`'s checkpoint (loaded on every rank).
@@ -235,6 +249,7 @@ class ExchangeState:
             raise ValueError("hvdsketch: the hook state has no 'hvdsketch' entry (one made by "
                              "ExchangeState.state_dict(), called on every rank)")
         states = checkpoint.resolve(state["hvdsketch"], self.exchanger, reset_on_change)
+        self._resumed = [tuple(names) for names in state.get("buckets", [])]
         devices = {name: p.device for p, name in self._names.items()}
         self.exchanger.load_state_dict(states[self.communicator.rank], lambda name, array: torch.from_numpy(
             np.array(array)).to(devices.get(name, "cpu")))
