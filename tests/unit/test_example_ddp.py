@@ -25,3 +25,15 @@ def test_ddp_script_trains_under_torchrun_with_the_hook(tmp_path):
         assert last < first, flag  # it trains
         assert 0 < sent <= dense * (1.01 if flag == "none" else 0.55), flag  # and sends less but for none
     assert len(list(tmp_path.glob("ddp-*.pt"))) == len(FLAGS)  # rank 0 wrote its checkpoints
+
+
+def test_the_hook_path_loads_no_horovod_mpi_or_lab():
+    """``import hvdsketch.torch.ddp`` with torch alone: no Horovod, no mpi4py, nothing of the lab."""
+    code = ("import sys, torch; before = set(sys.modules); import hvdsketch.torch.ddp, hvdsketch.collectives.torchdist; "
+            "print(' '.join(sorted(set(sys.modules) - before)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    assert "hvdsketch.torch.ddp" in loaded
+    assert [m for m in loaded if m.startswith(("horovod", "mpi4py", "hvdsketch.lab", "yaml"))] == []
