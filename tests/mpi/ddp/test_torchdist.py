@@ -1,0 +1,73 @@
+"""The torch.distributed communicator on its own: every op, sizes differing by rank, fusion, and
+the bytes Horovod's communicator would count for the same messages."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from hvdsketch.collectives import reduce
+from hvdsketch.collectives.stats import alltoall_bytes, ring_allreduce_bytes
+from hvdsketch.collectives.torchdist import TorchDistCommunicator
+from hvdsketch.compress.base import Message
+
+
+@pytest.fixture
+def comm():
+    return TorchDistCommunicator()
+
+
+def test_reductions_of_one_round(comm):
+    rank, size = comm.rank, comm.size
+    x = torch.arange(6, dtype=torch.float32) * (rank + 1)
+    ints = torch.tensor([rank, 2 * rank + 1])
+    bits = torch.tensor([1 << rank % 8, 0], dtype=torch.uint8)
+    average, summed, most, integer, ored = reduce(comm, [
+        Message(x, "average"), Message(x.reshape(2, 3), "sum"), Message(-x, "max"), Message(ints, "average"),
+        Message(bits, "bor")], "round")
+    scale = sum(r + 1 for r in range(size))
+    torch.testing.assert_close(average, torch.arange(6, dtype=torch.float32) * scale / size)
+    torch.testing.assert_close(summed, torch.arange(6, dtype=torch.float32).reshape(2, 3) * scale)
+    assert torch.equal(most, -torch.arange(6, dtype=torch.float32))
+    assert torch.equal(integer, torch.tensor([sum(range(size)) // size, sum(2 * r + 1 for r in range(size)) // size]))
+    assert torch.equal(ored, torch.tensor([sum({1 << r % 8 for r in range(size)}), 0], dtype=torch.uint8))
+    counted = comm.stats.snapshot()
+    assert counted["allreduce.average"]["calls"] == 2  # one per dtype: float32, int64
+    assert counted["allreduce.average"]["bytes_sent"] == ring_allreduce_bytes(24, size) + ring_allreduce_bytes(16, size)
+    assert counted["bor"] == {"calls": 1, "bytes_sent": 2 * (size - 1), "bytes_received": 2 * (size - 1)}
+
+
+def test_allgathers_of_rows_differing_by_rank(comm):
+    rank, size = comm.rank, comm.size
+    rows = torch.full((rank + 1, 3), float(rank))
+    empty = torch.zeros((0, 2), dtype=torch.int64)
+    gathered, none = reduce(comm, [Message(rows, "allgather"), Message(empty, "allgather")], "gather")
+    assert torch.equal(gathered, torch.cat([torch.full((r + 1, 3), float(r)) for r in range(size)]))
+    assert none.shape == (0, 2)
+    mine = 12 * (rank + 1)
+    assert comm.stats.snapshot()["allgather"]["bytes_sent"] == mine * (size - 1)
+    assert comm.stats.snapshot()["allgather"]["bytes_received"] == 12 * sum(r + 1 for r in range(size)) - mine
+
+
+def test_alltoall_with_splits(comm):
+    rank, size = comm.rank, comm.size
+    splits = tuple(q + rank for q in range(size))  # rank r sends q + r values to rank q
+    values = torch.cat([torch.full((q + rank,), float(10 * rank + q)) for q in range(size)])
+    (received,) = reduce(comm, [Message(values, "alltoall", splits)], "a2a")
+    assert torch.equal(received, torch.cat([torch.full((rank + r,), float(10 * r + rank)) for r in range(size)]))
+    assert comm.stats.snapshot()["alltoall"]["bytes_sent"] == alltoall_bytes(4 * values.numel(), 4 * 2 * rank,
+                                                                              4 * received.numel())[0]
+
+
+def test_a_fusing_block_sends_one_allreduce_and_reports_nothing_done_until_it_ends(comm):
+    a, b = torch.ones(3), torch.ones(2)
+    with comm.fusing():
+        first = comm.start([Message(a, "average")], "a")
+        second = comm.start([Message(b, "average")], "b")
+        assert not first.test() and not second.test()
+    assert torch.equal(second.wait()[0], b) and torch.equal(first.wait()[0], a)
+    # counted per start call, as Horovod's communicator counts
+    assert comm.stats.snapshot()["allreduce.average"]["calls"] == 2
+
+
+def test_an_unknown_op_is_a_clear_error(comm):
+    with pytest.raises(ValueError, match="unknown reduction op 'median'; valid: average, sum, max, allgather"):
+        comm.start([Message(torch.ones(1), "median")], "bad")
