@@ -26,12 +26,14 @@ def test_hook_flags():
     assert parse_hook(args("--hook", "powersgd", "--rank", "2", "--start-iter", "5")) == ("powersgd", 2, 5)
     assert parse_hook(args("--hook", "powersgd:rank=8", "--rank", "2")) == ("powersgd", 8, 2)
     assert parse_hook(args("--hook", "none"))[0] == "none"
+    assert parse_hook(args("--hook", "hvdsketch"))[0] == "hvdsketch"
 
 
 @pytest.mark.parametrize("hook, message", [
     ("powersdg", "unknown hook 'powersdg'; valid: none, powersgd"),
     ("powersgd:ranks=2", r"unknown option\(s\) ranks for hook 'powersgd'; valid: rank, start_iter"),
     ("none:rank=2", r"unknown option\(s\) rank for hook 'none'"),
+    ("hvdsketch:compression=auto", r"unknown option\(s\) compression for hook 'hvdsketch'"),
     ("powersgd:start_iter=1", "start_iter >= 2"),
     ("powersgd:rank=two", "are integers"),
 ])
@@ -69,3 +71,18 @@ def test_dense_ddp_trains_like_hvdsketch_dense(tmp_path):
     assert "sparse=False" in ddp["workload"] and "sparse=True" in ours["workload"]
     assert ddp["validation"][0]["loss"] == pytest.approx(ours["validation"][0]["loss"], rel=1e-5)
     assert ddp["bytes_sent_per_step"] == ddp["bytes_dense_per_step"] == ours["bytes_dense_per_step"]
+
+
+def test_hvdsketch_hook_trains_like_hvdsketch_optimizer(tmp_path):
+    """The baseline's ``--hook hvdsketch``: the config's compression through hvdsketch's DDP hook, the
+    embedding's gradient sparse, ends where hvdsketch's optimizer with that compression ends and
+    sends the bytes it sends."""
+    config = tmp_path / "c.yaml"
+    config.write_text("workload: lstm:vocab_size=2000,batch_size=8,bptt=12,hidden=64,embed_dim=64,dropout=0,"
+                      "sparse=true\ncompression: allgather\nepochs: 1\nsteps_per_epoch: 4\nlr: 0.5\nclip: 0.5\n")
+    hook = run(tmp_path, "hook", ["hvdsketch.lab.bench.ddp", "--config", str(config), "--hook", "hvdsketch"])
+    ours = run(tmp_path, "ours", ["hvdsketch.lab.cli", "train", "--config", str(config)])
+    assert hook["ddp"]["hook"] == "hvdsketch" and "sparse=True" in hook["workload"]
+    assert hook["validation"][0]["loss"] == pytest.approx(ours["validation"][0]["loss"], rel=1e-5)
+    assert hook["bytes_sent_per_step"] == pytest.approx(ours["bytes_sent_per_step"], rel=0.01)
+    assert hook["bytes_sent_per_step"] < hook["bytes_dense_per_step"]  # the embedding sent as its rows

@@ -19,12 +19,17 @@ benchmark harness puts both side by side.
   start, dense for the first ``--start-iter`` steps (DDP's minimum is 2), matrices
   compressed where ``n m / ((n + m) r) >= 2`` (the hook's own rule), vectors
   allreduced as they are.
+- ``--hook hvdsketch``: hvdsketch's own hook (:mod:`hvdsketch.torch.ddp`) with the
+  config's ``compression`` and ``memory`` (``auto`` included), sparse gradients kept
+  sparse (the workload's ``sparse`` option as the config has it), DDP's default
+  buckets (25 MB) unless ``--bucket-cap-mb`` says otherwise, so exchanges start
+  while backward goes on; bytes as the hook's report counts them.
 
 With gloo the PowerSGD hook needs all gradients in one bucket (with several,
 gloo aborted on a size mismatch here), so the bucket holds the whole model by
 default, which also means the allreduce starts after the backward pass, as
-hvdsketch's does. DDP's hooks take no sparse gradients, so a workload with a
-``sparse`` option (the LSTM's embedding) runs with ``sparse=false``; its
+hvdsketch's does. PyTorch's PowerSGD hook takes no sparse gradients, so with ``none`` and ``powersgd`` a
+workload with a ``sparse`` option (the LSTM's embedding) runs with ``sparse=false``; its
 gradient is then the dense tensor hvdsketch's dense allreduce also sends.
 
 Ranks and world size come from the launcher (Open MPI's ``OMPI_COMM_WORLD_*``,
@@ -49,11 +54,13 @@ from typing import Any
 from hvdsketch import spec
 from hvdsketch.collectives.stats import ring_allreduce_bytes
 
-HOOKS = ("none", "powersgd")
+HOOKS = ("none", "powersgd", "hvdsketch")
 #: Environment variables naming the rank and the world size, by launcher.
 LAUNCHERS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
              ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
              ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+#: DDP's own default bucket size (``bucket_cap_mb``), which hvdsketch's hook runs with.
+DDP_BUCKET_MB = 25.0
 #: How long a rank waits for the others: at the rendezvous, in a collective, and at the exit.
 TIMEOUT = datetime.timedelta(seconds=300)
 
@@ -61,8 +68,9 @@ TIMEOUT = datetime.timedelta(seconds=300)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="the YAML config hvdsketch train takes")
     parser.add_argument("--workload", help="workload flag, overrides the config's")
-    parser.add_argument("--hook", default="powersgd", help="DDP communication hook: none or powersgd, "
-                        "options as in a flag (powersgd:rank=4,start_iter=2) or as --rank / --start-iter")
+    parser.add_argument("--hook", default="powersgd", help="DDP communication hook: none, powersgd (options "
+                        "as in a flag, powersgd:rank=4,start_iter=2, or as --rank / --start-iter) or hvdsketch "
+                        "(the config's compression and memory)")
     parser.add_argument("--rank", type=int, default=4, help="PowerSGD's matrix approximation rank")
     parser.add_argument("--start-iter", type=int, default=2, help="PowerSGD starts after this many dense steps")
     parser.add_argument("--bucket-cap-mb", type=float, help="DDP bucket size (default: the whole model)")
@@ -121,8 +129,9 @@ def run(args: argparse.Namespace) -> int:
     rank, size, local = launch_env()
     config = TrainConfig.load(args.config, workload=args.workload, epochs=args.epochs,
                               steps_per_epoch=args.steps_per_epoch, out=args.out)
-    flag = "none" if hook == "none" else f"powersgd:rank={approximation_rank}"
-    config = dataclasses.replace(config, workload=dense_workload(config.workload), compression=flag, memory=None)
+    if hook != "hvdsketch":  # PyTorch's hooks: a dense embedding, no memory
+        flag = "none" if hook == "none" else f"powersgd:rank={approximation_rank}"
+        config = dataclasses.replace(config, workload=dense_workload(config.workload), compression=flag, memory=None)
     workload = get(config.workload)
     store = _store(rank, size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
@@ -172,8 +181,10 @@ def _train(config: Any, workload: Any, hook: str, approximation_rank: int, start
     torch.set_num_threads(max(1, torch.get_num_threads() // local))
     model = workload.build_model()
     whole = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb or whole)
-    state = None if hook == "none" else _powersgd(ddp, approximation_rank, start_iter)
+    bucket_cap_mb = bucket_cap_mb or (DDP_BUCKET_MB if hook == "hvdsketch" else whole)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+    state = {"none": lambda: None, "powersgd": lambda: _powersgd(ddp, approximation_rank, start_iter),
+             "hvdsketch": lambda: _hvdsketch(ddp, config)}[hook]()
     optimizer = _optimizer(config, model)
 
     steps = {"done": 0}
@@ -192,6 +203,10 @@ def _train(config: Any, workload: Any, hook: str, approximation_rank: int, start
     def report() -> dict[str, Any]:
         done = steps["done"]
         full = ring_allreduce_bytes(dense, size)
+        if hook == "hvdsketch":
+            r = state.report()
+            return {"sent": r["bytes_sent"], "dense": r["bytes_dense_allreduce"], "seconds": r["seconds"],
+                    "assignment": r["assignment"], "residual_bytes": r["residual_bytes"]}
         if state is None:
             return {"sent": full * done, "dense": full * done, "seconds": {}}
         _, _, compressed = state.compression_stats()  # elements sent in the PowerSGD steps
@@ -201,9 +216,19 @@ def _train(config: Any, workload: Any, hook: str, approximation_rank: int, start
 
     record = fit(config, workload, model, step, rank, size, report)
     record["path"] = "ddp"
-    record["ddp"] = {"hook": hook, "rank": approximation_rank, "start_iter": start_iter,
-                     "bucket_cap_mb": bucket_cap_mb or whole, "backend": "gloo"}
+    record["ddp"] = {"hook": hook, "bucket_cap_mb": bucket_cap_mb, "backend": "gloo",
+                     **({"rank": approximation_rank, "start_iter": start_iter} if hook == "powersgd" else {})}
     return record
+
+
+def _hvdsketch(ddp: Any, config: Any) -> Any:
+    """Register hvdsketch's hook with the config's compression and memory; its state (which reports)."""
+    from hvdsketch.torch import ddp as hvdsketch_ddp
+
+    state = hvdsketch_ddp.ExchangeState(ddp, compression=config.compression, memory=config.memory,
+                                        sparse_as_dense=config.densify)
+    ddp.register_comm_hook(state, hvdsketch_ddp.exchange_hook)
+    return state
 
 
 def _powersgd(ddp: Any, rank: int, start_iter: int) -> Any:
