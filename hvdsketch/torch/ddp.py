@@ -22,7 +22,9 @@ group given or the default one). Launch with ``torchrun`` (or ``mpirun``, with
 the rendezvous in the environment); only torch is needed.
 
 Buckets and steps. DDP calls the hook once per bucket, in the same order on every
-rank. A bucket's exchanges start when it is ready, fused per (op, dtype) as DDP
+rank; a step's last bucket is the one ``bucket.is_last()`` says, or the one that
+completes the parameters DDP reduces (in ``static_graph``'s first step DDP's
+buckets all say index 0 and not last). A bucket's exchanges start when it is ready, fused per (op, dtype) as DDP
 fuses a bucket, so they travel while backward goes on; the step ends at the last
 bucket (``bucket.is_last()``), where the exchanger finishes every exchange (later
 rounds of two-round methods, PowerSGD's Q, the union's values, start there) and
@@ -122,7 +124,9 @@ class ExchangeState:
         from hvdsketch.memory import create as create_memory
         from hvdsketch.policy import create as create_policy
 
+        ignored: set[str] = set()
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            ignored = set(getattr(model, "parameters_to_ignore", ()))
             model = model.module
         named = _named(model.named_parameters() if isinstance(model, torch.nn.Module) else model)
         if len({name for name, _ in named}) != len(named):
@@ -130,6 +134,8 @@ class ExchangeState:
         if not isinstance(sparse_as_dense, bool):
             raise TypeError(f"hvdsketch: sparse_as_dense must be True or False, got {sparse_as_dense!r}")
         self._names = {p: name for name, p in named}
+        #: What DDP reduces every step: every bucket's parameter names (until a step shows them).
+        self._reduced = {name for name, p in named if p.requires_grad and name not in ignored}
         policy = create_policy(compression)
         self.communicator = TorchDistCommunicator(process_group)
         self.exchanger = Exchanger(policy, self.communicator, None if memory is None else create_memory(memory),
@@ -157,7 +163,7 @@ class ExchangeState:
                     self._begin(self._layout)
             if self._streaming:
                 self._start(names, dict(zip(names, gradients)))
-            if bucket.is_last():
+            if bucket.is_last() or self._reduced <= {name for b in self._buckets for name in b.names}:
                 self._end_step()
         except BaseException as error:
             self._abandon(error)
@@ -200,6 +206,7 @@ class ExchangeState:
                 self._start(names, gradients)
         averaged = self.exchanger.finish()
         self._layout = layout
+        self._reduced = {name for names in layout for name in names}
         for bucket in buckets:
             if bucket.buffer.is_sparse:
                 result = _as_torch(averaged[bucket.names[0]])
