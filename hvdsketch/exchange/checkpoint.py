@@ -95,7 +95,7 @@ def gather(exchanger: Exchanger, ops: Any) -> dict[str, Any]:
                            f"({error}); {agreement.SAVE}") from error
     if shares is None:
         warnings.warn(f"hvdsketch: rank {exchanger.communicator.rank} saves a checkpoint without the other ranks "
-                      f"(they did not gather it with this rank within {exchanger.checkin_seconds:g} s, "
+                      f"(they did not gather it with this rank within {exchanger.protocol.checkin_seconds:g} s, "
                       f"HVDSKETCH_CHECKIN_SECONDS): it carries no rank's error-feedback residuals or compressors' "
                       f"state, which start afresh on every rank alike when it is loaded; {agreement.SAVE}",
                       stacklevel=3)

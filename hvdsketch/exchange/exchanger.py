@@ -7,9 +7,10 @@ optimizer's step; the TensorFlow tape calls both for the gradients it computed.
 boundary, never mid-step), starts a :class:`~hvdsketch.compress.flight.Flight`
 (error feedback included) and sends its first round through the non-blocking
 communicator; it also moves on every earlier tensor whose round has landed, so
-multi-round methods advance while backward still runs. ``finish`` first checks
-that every rank is at the same step with the same setup
-(:mod:`~hvdsketch.exchange.agreement`), then waits only for what is still in
+multi-round methods advance while backward still runs (the step's flights are
+the :mod:`~hvdsketch.exchange.scheduler`'s). ``finish`` first checks that every
+rank is at the same step with the same setup (the step protocol,
+:mod:`~hvdsketch.exchange.protocol`), then waits only for what is still in
 flight, runs the last rounds, and checks in one host sync that every result is
 finite: one rank's NaN or Inf reaches every rank's reduction, so every rank
 raises alike and none is left waiting; each rank's message says whether its own
@@ -34,7 +35,7 @@ float32 and handed back as bfloat16.
 
 A communicator that matches collectives by the order of calls rather than by
 name (``communicator.ordered``: the MPI layer) gets its rounds in one canonical
-order on every rank (:mod:`~hvdsketch.exchange.ordering`): the adapter names
+order on every rank (:mod:`~hvdsketch.exchange.ordering`, kept by the scheduler): the adapter names
 the tensors of a step with :meth:`Exchanger.expect` (``exchange`` names its
 own), and a round waits in a queue until every round before it in that order
 has been launched.
@@ -49,21 +50,19 @@ import os
 import time
 from typing import Any, Callable, ContextManager, Literal, Mapping, Sequence
 
-from hvdsketch.collectives import Communicator, Handle
-from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
+from hvdsketch.collectives import Communicator
+from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
 from hvdsketch.compress.flight import Flight
 from hvdsketch.compress.support import is_passthrough, values_of
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
-from hvdsketch.exchange.ordering import LaunchOrder
+from hvdsketch.exchange.protocol import StepProtocol
+from hvdsketch.exchange.scheduler import Scheduler
 from hvdsketch.exchange.watchdog import Watchdog, report_seconds, shutdown_seconds
 from hvdsketch.memory import Fp32, Memory
 from hvdsketch.ops import backend
 
 Reduction = Literal["average", "sum"]
-#: The handle of a round waiting in the launch order's queue.
-QUEUED = object()
-
 
 
 class Exchanger:
@@ -97,21 +96,19 @@ class Exchanger:
         #: Residuals of the methods whose error feedback is their own, when ``memory`` is ``None``.
         self.own_memory = Memory(default=Fp32(), spec="fp32")
         self.watchdog = Watchdog(report_seconds(), shutdown_seconds())
-        self._waiting_for = ""
-        #: How long :meth:`check_in` waits for the other ranks (``HVDSKETCH_CHECKIN_SECONDS``).
-        self.checkin_seconds = float(os.environ.get("HVDSKETCH_CHECKIN_SECONDS", 10))
-        self._checkin: Handle | None = None  # a check-in the others have not answered yet
-        self._setup = 0
+        #: This step's flights (:mod:`~hvdsketch.exchange.scheduler`).
+        self.flights = Scheduler(communicator, prefix, self.placement)
+        #: The step tags and check-ins (:mod:`~hvdsketch.exchange.protocol`); a check-in waits
+        #: ``HVDSKETCH_CHECKIN_SECONDS`` (default 10) for the other ranks.
+        self.protocol = StepProtocol(communicator, self.flights.wait, f"{prefix}.step",
+                                     float(os.environ.get("HVDSKETCH_CHECKIN_SECONDS", 10)))
         #: The tensors' names in the adapter's order (parameters, sources), from :meth:`verify`.
         self.order: dict[str, int] = {}
         #: True once :meth:`verify` has run.
         self.verified = False
         self._dense = create("none")
-        self._flights: dict[str, tuple[Flight, Any]] = {}  # handle None: done; QUEUED: not launched yet
         self._expected: list[str] | None = None
-        self._launch: LaunchOrder | None = None
         self._inputs: list[tuple[Any, TensorContext]] = []
-        self._tag: Handle | None = None
         self._traced = False  # this step's tensors are symbolic (tf.function tracing)
         #: This step's tensors as given (to tell, when a result is not finite, whether this rank's
         #: own input was), the wire's 16-bit dtype of each that sends one, and the dtype of each
@@ -129,7 +126,7 @@ class Exchanger:
         self.order = {t.name: i for i, t in enumerate(tensors)}
         setup = {"compression": str(self.policy), "memory": str(self.memory), "op": self.op,
                  "sparse_as_dense": str(self.sparse_as_dense)}
-        self._setup = agreement.verify(self.communicator, {**setup, **agreement.tensors(tensors)}, ops)
+        self.protocol.setup = agreement.verify(self.communicator, {**setup, **agreement.tensors(tensors)}, ops)
         self.verified = True
 
     def expect(self, names: Sequence[str]) -> None:
@@ -140,7 +137,7 @@ class Exchanger:
     @property
     def in_flight(self) -> list[str]:
         """Names of the tensors whose exchange has started and not been finished."""
-        return list(self._flights)
+        return self.flights.names
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -151,23 +148,15 @@ class Exchanger:
         self.communicator.stats.seconds["start"] += time.perf_counter() - began
 
     def _start(self, name: str, tensor: Any) -> None:
-        if name in self._flights:
+        if name in self.flights:
             raise RuntimeError(f"hvdsketch: {name!r} was started twice in one step")
         values = values_of(tensor)
         ops = backend(values)
         traced = self._traced = ops.is_symbolic(values)
-        if not self._flights:  # the step's first tensor
+        if not self.flights.names:  # the step's first tensor
             if not traced:
-                if self._checkin is not None:  # answered by the others' tags of this step (or their check-ins)
-                    checkin, self._checkin = self._checkin, None
-                    self._wait(checkin, "the other ranks' answer to this rank's check-in")
-                self._tag = self._send_tag(ops)
-                while self._tag is not None and self._tag.test():  # landed already (TensorFlow's eager collectives
-                    tag, self._tag = self._tag, None  # block): check it before any round, so a rank that is not
-                    if not self._settled(tag.wait()[0]):  # in this step is not waited for
-                        self._tag = self._send_tag(ops)
-            ordered = getattr(self.communicator, "ordered", False) and self._expected is not None
-            self._launch = LaunchOrder(self._expected) if ordered else None
+                self.protocol.begin(ops, self.step)
+            self.flights.begin(self._expected)
         self._given[name] = values
         dtype = ops.dtype_name(values)
         if dtype in CARRIED_AS:
@@ -186,14 +175,13 @@ class Exchanger:
                              f"Python, which tf.function would freeze at tracing; run the step eagerly")
         if self.policy.wants_inputs:
             self._inputs.append((tensor, ctx))
-        self._progress()
+        self.flights.progress()
         with self.placement(name):
             flight = Flight(compressor, tensor, ctx, memory)
             narrow = [ops.dtype_name(m.tensor) for m in flight.messages if ops.dtype_name(m.tensor) in NARROW]
             if narrow:
                 self._narrow[name] = (narrow[0], str(compressor))
-            self._submit(name, flight)
-            flight.settle()
+            self.flights.submit(name, flight)
 
     def finish(self) -> dict[str, Any]:
         """Wait for every exchange started this step; their averaged results by name.
@@ -201,26 +189,16 @@ class Exchanger:
         Round ``k`` of every tensor still exchanging is waited for, then round ``k + 1`` of each
         started, so the rounds of multi-round methods travel together."""
         began = time.perf_counter()
-        tag, self._tag = self._tag, None
         try:
             with self.watchdog.watching(self._stalled):
-                while tag is not None:  # before any gradient: ranks running other setups start other collectives
-                    reduced = self._wait(tag, "the step check")[0]
-                    tag = None if self._settled(reduced) else self._send_tag(backend(reduced))
-                if self._launch is not None:
-                    self._finish_in_order()
-                while any(handle is not None for _, handle in self._flights.values()):
-                    for name, (flight, handle) in list(self._flights.items()):
-                        if handle is not None:
-                            self._step_flight(name, flight, self._wait(handle, name))
-            results = {name: flight.result for name, (flight, _) in self._flights.items()}
-            self.communicator.stats.seconds["codec"] += sum(flight.seconds for flight, _ in self._flights.values())
+                self.protocol.end(self.step)  # before any gradient: ranks of other setups start other collectives
+                results = self.flights.wait_all()
+            self.communicator.stats.seconds["codec"] += self.flights.codec_seconds()
             results = self._check(results)
             results.update({name: _cast(results[name], dtype) for name, dtype in self._carried.items()})
         finally:
-            for kept in (self._flights, self._given, self._narrow, self._carried):
+            for kept in (self.flights, self._given, self._narrow, self._carried):
                 kept.clear()
-            self._launch = None
         if self.op == "sum":
             results = {name: _scaled(r, self.communicator.size) for name, r in results.items()}
         self.communicator.stats.seconds["finish"] += time.perf_counter() - began
@@ -251,79 +229,10 @@ class Exchanger:
             return self.memory
         return self.own_memory if compressor.feedback else None
 
-    def _send(self, name: str, messages: list) -> Handle:
-        return self.communicator.start(messages, name)
-
-    def _send_round(self, flight: Flight) -> Handle:
-        return self._send(f"{self.prefix}.{flight.ctx.name}.r{flight.index}", flight.messages)
-
-    def _submit(self, name: str, flight: Flight) -> None:
-        """Send ``flight``'s current round now, or, in a launch order, once the order allows."""
-        if self._launch is None:
-            self._flights[name] = (flight, self._send_round(flight))
-            return
-        self._flights[name] = (flight, QUEUED)
-        self._launch.submit(name, flight.index, lambda: self._flights.__setitem__(name, (flight, self._send_round(flight))))
-
-    def _step_flight(self, name: str, flight: Flight, reduced: list[Any]) -> None:
-        """Give ``flight`` its round's reduction and send its next round, if any."""
-        with self.placement(name):
-            if flight.advance(reduced):
-                self._flights[name] = (flight, None)
-                if self._launch is not None:
-                    self._launch.finished(name, flight.index + 1)
-            else:
-                self._submit(name, flight)
-                flight.settle()
-
-    def _progress(self) -> None:
-        """Move on, without blocking, every exchange whose early round has landed (a round that
-        settles nothing yet is followed by another: PowerSGD's P, the union's bitmap)."""
-        for name, (flight, handle) in list(self._flights.items()):
-            if handle not in (None, QUEUED) and flight.round.residual is None and handle.test():
-                self._step_flight(name, flight, handle.wait())
-
-    def _finish_in_order(self) -> None:
-        """Wait, round by round in the launch order, for the round the order is held at."""
-        missing = [name for name in self._launch.names if name not in self._flights]
-        if missing:
-            raise RuntimeError(f"hvdsketch: {len(missing)} expected tensor(s) were not started this step "
-                               f"({', '.join(missing[:3])}); every rank must exchange the same tensors")
-        while not self._launch.done:
-            name = self._launch.blocker
-            flight, handle = self._flights[name]
-            self._step_flight(name, flight, self._wait(handle, name))
-
-    def _wait(self, handle: Handle, waiting_for: str) -> list[Any]:
-        """``handle.wait()``, blocking in the communicator; the watchdog reports a long wait."""
-        self._waiting_for = waiting_for
-        return handle.wait()
-
     def _stalled(self, waited: float) -> str:
         return (f"hvdsketch: rank {self.communicator.rank} has waited {waited:.0f} s at step {self.step} for "
-                f"{self._waiting_for} (in flight: {', '.join(self._flights) or '-'}); another rank may not "
+                f"{self.flights.waiting_for} (in flight: {', '.join(self.flights.names) or '-'}); another rank may not "
                 f"have started the same exchanges (it stopped early, waits elsewhere, or runs another model)")
-
-    def _send_tag(self, ops: Any, activity: int = agreement.TRAIN, payload: Sequence[Message] = ()) -> Handle:
-        return self._send(f"{self.prefix}.step",
-                          [agreement.step_message(ops, self.step, self._setup, activity), *payload])
-
-    def _settled(self, tag: Any) -> bool:
-        """Whether every rank sent this step's tag alike; else the same error on every rank (the tag
-        is a host tensor: checking it waits for no device). Where only the activity differs, another
-        rank is checking in alone (``optimizer.state_dict()`` on rank 0 alone) and its check-in met
-        this step's tag: this rank answers it with an empty share, so that rank goes on without
-        waiting, and says the tag must go again (``False``). A communicator that matches by call
-        order (MPI) cannot interleave that answer: there every rank raises."""
-        ops = backend(tag)
-        if ops.all_true([agreement.step_agrees(ops, tag)]):
-            return True
-        reduced = _integers(tag)
-        alone = reduced[0] == -reduced[1] and reduced[2] == -reduced[3] and reduced[4] != -reduced[5]
-        if not alone or getattr(self.communicator, "ordered", False):
-            raise agreement.step_error(self.step, self.communicator.rank, reduced)
-        self._wait(self._send(f"{self.prefix}.step", agreement.share(ops, b"")), "the answer to a rank's check-in")
-        return False
 
     def check_in(self, activity: int, share: bytes, ops: Any) -> list[bytes] | None:
         """Between steps, every rank's ``share`` (:data:`~hvdsketch.exchange.agreement.CHECKPOINT`:
@@ -331,40 +240,24 @@ class Exchanger:
 
         The share travels with the step tag for ``activity``, in one round. Where every rank checks
         in alike, each gets every share. Where the others train on, their next step's tag meets this
-        one and they answer with empty shares (:meth:`_settled`): ``None`` at once. Where they do
-        something else (``hvd.barrier()``, an allreduce), ``None`` after ``checkin_seconds``; the
+        one and they answer with empty shares (:meth:`StepProtocol.settled
+        <hvdsketch.exchange.protocol.StepProtocol.settled>`): ``None`` at once. Where they do
+        something else (``hvd.barrier()``, an allreduce), ``None`` after ``protocol.checkin_seconds``; the
         round stays in flight until the others' next step answers it (or their own late check-in,
         which then gets every share), and this rank's next step waits for that first. Ranks at
         another step or setup raise on every rank; a communicator that matches collectives by call
         order (MPI) raises ``TimeoutError`` instead of giving up."""
-        if self._flights or self._tag is not None:
+        if self.flights.names or self.protocol.open:
             raise RuntimeError("hvdsketch: a step is under way (its gradients' exchanges have started); call "
                                "this after optimizer.step(), not between backward() and step()")
-        handle = self._checkin or self._send_tag(ops, activity, agreement.share(ops, share))
-        self._checkin = None
-        deadline = time.monotonic() + self.checkin_seconds
-        while not handle.test():  # polled: the one wait that must give up
-            if time.monotonic() > deadline:
-                if getattr(self.communicator, "ordered", False):
-                    raise TimeoutError(f"hvdsketch: rank {self.communicator.rank} waited "
-                                       f"{self.checkin_seconds:.0f} s for the other ranks' check-in")
-                self._checkin = handle
-                return None
-            time.sleep(0.01)
-        tag, sizes, data = handle.wait()
-        reduced = _integers(tag)
-        if ops.all_true([agreement.step_agrees(ops, tag)]):
-            return agreement.shares(ops, sizes, data)
-        if reduced[0] == -reduced[1] and reduced[2] == -reduced[3]:  # only the activity: the others train on
-            return None
-        raise agreement.step_error(self.step, self.communicator.rank, reduced)
+        return self.protocol.check_in(activity, share, ops, self.step)
 
     def abandon(self) -> None:
         """Forget a step broken off (a failed collective, Horovod elastic's reset): its exchanges and
         tag never finish; what the memory kept of it stays."""
-        self._flights.clear()
+        self.flights.clear()
         self._inputs.clear()
-        self._tag = self._checkin = None
+        self.protocol.abandon()
 
     def _check(self, results: dict[str, Any]) -> dict[str, Any]:
         """Every result finite, else the same error on every rank: one host sync eagerly; inside
@@ -409,7 +302,7 @@ class Exchanger:
         leaves out starts afresh (so a state without them resets them). The policy (and the plan of a
         planned memory, with ``memory`` given without residuals) is restored where ``state`` has it
         and left as it is where not."""
-        if self._flights:
+        if self.flights.names:
             raise RuntimeError("hvdsketch: cannot load state while exchanges are in flight")
         self.step = int(state["step"])
         self.world = state.get("world")
@@ -431,10 +324,6 @@ class Exchanger:
 def without_residuals(memory_state: Mapping[str, Any]) -> dict[str, Any]:
     """A :meth:`hvdsketch.memory.Memory.state_dict` with its residuals left out (its plan kept)."""
     return {**memory_state, "slots": {}}
-
-
-def _integers(tag: Any) -> list[int]:
-    return [int(v) for v in backend(tag).to_numpy(tag)]
 
 
 def _with_values(result: Any, values: Any) -> Any:

@@ -1,0 +1,120 @@
+"""The flights of one step: each round sent as soon as it may go, each reduction handed back as it lands.
+
+The exchanger gives every tensor's :class:`~hvdsketch.compress.flight.Flight` to a
+:class:`Scheduler` (:meth:`Scheduler.submit`) as soon as its gradient is ready.
+The scheduler sends the flight's round through the communicator, names it
+``{prefix}.{tensor}.r{round}`` (the same on every rank, step after step), and
+keeps its handle. :meth:`Scheduler.progress` moves on, without blocking, every
+flight whose early round has landed (PowerSGD's P, the union's bitmap), so
+multi-round methods advance while backward still runs; :meth:`Scheduler.wait_all`
+waits for the rest, round ``k`` of every flight before round ``k + 1`` of any,
+so the rounds of many tensors travel together. Where the communicator matches
+collectives by call order (``communicator.ordered``: the MPI layer), every round
+waits in a :class:`~hvdsketch.exchange.ordering.LaunchOrder` until the rounds
+before it in one order shared by every rank have been launched.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, ContextManager
+
+from hvdsketch.collectives import Communicator, Handle
+from hvdsketch.compress.flight import Flight
+from hvdsketch.exchange.ordering import LaunchOrder
+
+#: The handle of a round waiting in the launch order's queue.
+QUEUED = object()
+
+
+class Scheduler:
+    """Sends and waits for the rounds of one step's flights over ``communicator``.
+
+    ``placement(name)`` is the context in which tensor ``name``'s work runs; ``waiting_for`` says
+    what the last blocking wait was for (the watchdog's report)."""
+
+    def __init__(self, communicator: Communicator, prefix: str,
+                 placement: Callable[[str], ContextManager[Any]]) -> None:
+        self.communicator, self.prefix, self.placement = communicator, prefix, placement
+        self.waiting_for = ""
+        self._flights: dict[str, tuple[Flight, Any]] = {}  # handle None: done; QUEUED: not launched yet
+        self._launch: LaunchOrder | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """The tensors whose exchange started this step."""
+        return list(self._flights)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._flights
+
+    def begin(self, order: list[str] | None) -> None:
+        """A step's first flight is coming: launch in ``order`` where the communicator needs one."""
+        self._launch = LaunchOrder(order) if order is not None and getattr(self.communicator, "ordered", False) \
+            else None
+
+    def wait(self, handle: Handle, waiting_for: str) -> list[Any]:
+        """``handle.wait()``, blocking in the communicator, remembering what for."""
+        self.waiting_for = waiting_for
+        return handle.wait()
+
+    def submit(self, name: str, flight: Flight) -> None:
+        """Send ``flight``'s current round now, or, in a launch order, once the order allows; then
+        let the flight keep its residual (computed while the round travels)."""
+        self._queue(name, flight)
+        flight.settle()
+
+    def progress(self) -> None:
+        """Move on, without blocking, every flight whose early round has landed (a round that settles
+        nothing yet is followed by another)."""
+        for name, (flight, handle) in list(self._flights.items()):
+            if handle not in (None, QUEUED) and flight.round.residual is None and handle.test():
+                self._advance(name, flight, handle.wait())
+
+    def wait_all(self) -> dict[str, Any]:
+        """Every flight of the step to its end; their results by name."""
+        if self._launch is not None:
+            self._in_order()
+        while any(handle is not None for _, handle in self._flights.values()):
+            for name, (flight, handle) in list(self._flights.items()):
+                if handle is not None:
+                    self._advance(name, flight, self.wait(handle, name))
+        return {name: flight.result for name, (flight, _) in self._flights.items()}
+
+    def codec_seconds(self) -> float:
+        """The time this step's flights spent in their compressors and memories."""
+        return sum(flight.seconds for flight, _ in self._flights.values())
+
+    def clear(self) -> None:
+        """Forget this step's flights (ended, or broken off: their rounds never finish)."""
+        self._flights.clear()
+        self._launch = None
+
+    def _queue(self, name: str, flight: Flight) -> None:
+        if self._launch is None:
+            self._flights[name] = (flight, self._send_round(flight))
+            return
+        self._flights[name] = (flight, QUEUED)
+        self._launch.submit(name, flight.index, lambda: self._flights.__setitem__(name, (flight, self._send_round(flight))))
+
+    def _send_round(self, flight: Flight) -> Handle:
+        return self.communicator.start(flight.messages, f"{self.prefix}.{flight.ctx.name}.r{flight.index}")
+
+    def _advance(self, name: str, flight: Flight, reduced: list[Any]) -> None:
+        """Give ``flight`` its round's reduction and send its next round, if any."""
+        with self.placement(name):
+            if flight.advance(reduced):
+                self._flights[name] = (flight, None)
+                if self._launch is not None:
+                    self._launch.finished(name, flight.index + 1)
+            else:
+                self.submit(name, flight)
+
+    def _in_order(self) -> None:
+        """Wait, round by round in the launch order, for the round the order is held at."""
+        missing = [name for name in self._launch.names if name not in self._flights]
+        if missing:
+            raise RuntimeError(f"hvdsketch: {len(missing)} expected tensor(s) were not started this step "
+                               f"({', '.join(missing[:3])}); every rank must exchange the same tensors")
+        while not self._launch.done:
+            name = self._launch.blocker
+            flight, handle = self._flights[name]
+            self._advance(name, flight, self.wait(handle, name))
