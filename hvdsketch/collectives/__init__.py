@@ -9,7 +9,9 @@ have arrived; ``wait()`` returns them. ``name`` labels the round's collectives:
 the same on every rank, and stable across steps (Horovod matches collectives
 across ranks by name and caches their negotiation by name). :mod:`.horovod` uses
 Horovod's collectives (NCCL and tensor fusion on GPUs); :mod:`.mpi` is
-hvdsketch's own mpi4py layer.
+hvdsketch's own mpi4py layer; :mod:`.torchdist` is ``torch.distributed``'s (the DDP
+hook's, no Horovod). :mod:`.grouping` groups a round's messages by op and dtype
+and counts their bytes alike for all of them.
 """
 from __future__ import annotations
 
