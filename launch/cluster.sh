@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run a command as N MPI ranks on an emulated cluster with a slow network.
 #
-#   launch/cluster.sh [--rate 1gbit|none] [-np N] [--links per-rank|shared] [--launcher mpirun|horovodrun|none] [--burst 256kb] [--latency 5ms] [--mtu BYTES] -- COMMAND...
+#   launch/cluster.sh [--rate 1gbit|none] [-np N] [--links per-rank|shared] [--launcher mpirun|horovodrun|none] [--pin cores|none] [--burst 256kb] [--latency 5ms] [--mtu BYTES] -- COMMAND...
 #   e.g. launch/cluster.sh --rate 1gbit -np 4 -- python -m hvdsketch.lab.cli bench collectives
 #
 # --links per-rank (the default): hosts on a switch. Every rank is a host r<i> with its own
@@ -18,6 +18,12 @@
 # MASTER_ADDR=10.77.0.1 (rank 0) and GLOO_SOCKET_IFNAME=eth0 for PyTorch's gloo. Every host
 # is a node of its own (local rank 0, local size 1), so OMP_NUM_THREADS (unless set) gives each
 # rank its share of this machine's cores, as ranks sharing one node took before.
+# --pin cores (the default): every process on host r<i> (its orted, its rank and all their
+# threads) runs on core i mod the machine's cores, as a host's processes run on its own CPUs.
+# Unpinned, the ranks' threads (each rank's Horovod background thread polls) migrate between the
+# cores, and a whole run fell into a slow mode or not: Fashion-MNIST at 4 ranks and 1 Gbit/s,
+# Horovod dense, median step 75-100 ms in 5 runs unpinned against 49-55 ms in 5 runs pinned,
+# interleaved (results/bench-train/pinning.md). --pin none leaves placement to the kernel.
 # HVDSKETCH_CLUSTER_HOSTS holds "r0:1,r1:1,...". /etc/netns/hvdsketch-PID-*/hosts names the
 # hosts inside the namespaces (ip netns exec mounts it over /etc/hosts).
 #
@@ -56,7 +62,7 @@ usage() {
   exit 2
 }
 
-RATE=1gbit NP=2 BURST=256kb LATENCY= MTU= LINKS=per-rank LAUNCHER=mpirun
+RATE=1gbit NP=2 BURST=256kb LATENCY= MTU= LINKS=per-rank LAUNCHER=mpirun PIN=cores
 while [ $# -gt 0 ]; do
   case $1 in
     --rate) RATE=${2:?--rate needs a value}; shift 2 ;;
@@ -66,6 +72,7 @@ while [ $# -gt 0 ]; do
     --mtu) MTU=${2:?--mtu needs a value}; shift 2 ;;
     --links) LINKS=${2:?--links needs a value}; shift 2 ;;
     --launcher) LAUNCHER=${2:?--launcher needs a value}; shift 2 ;;
+    --pin) PIN=${2:?--pin needs a value}; shift 2 ;;
     --) shift; break ;;
     -h | --help) usage ;;
     *) echo "cluster.sh: unknown option $1" >&2; usage ;;
@@ -85,6 +92,10 @@ case $LAUNCHER in
   mpirun | none) ;;
   horovodrun) [ "$LINKS" = per-rank ] || { echo "cluster.sh: --launcher horovodrun needs --links per-rank" >&2; exit 2; } ;;
   *) echo "cluster.sh: --launcher must be mpirun, horovodrun or none, got '$LAUNCHER'" >&2; exit 2 ;;
+esac
+case $PIN in
+  cores | none) export HVDSKETCH_CLUSTER_PIN=$PIN ;;
+  *) echo "cluster.sh: --pin must be cores or none, got '$PIN'" >&2; exit 2 ;;
 esac
 [ "$(id -u)" -eq 0 ] || { echo "cluster.sh: needs root for ip netns and tc" >&2; exit 2; }
 
