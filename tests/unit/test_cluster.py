@@ -60,6 +60,28 @@ def test_every_rank_is_a_host_with_its_own_shaped_link_and_nothing_is_left():
     assert made_by(prefix_of(done.stderr)) == []
 
 
+@pytest.mark.parametrize("pin", ["cores", "none"])
+def test_each_host_runs_on_its_own_core_unless_unpinned(pin):
+    """--pin cores (the default): rank i's processes on core i mod the cores; --pin none: all cores."""
+    done = cluster("--pin", pin, "-np", "4", "--", "sh", "-c", 'echo "rank $OMPI_COMM_WORLD_RANK $(taskset -cp $$)"')
+    assert done.returncode == 0, done.stderr
+    cores = os.cpu_count()
+    lists = {int(line.split()[1]): line.rsplit(":", 1)[1].strip() for line in done.stdout.splitlines()
+             if line.startswith("rank ")}
+    assert sorted(lists) == [0, 1, 2, 3], done.stdout
+    assert {r: cpu_set(cpus) for r, cpus in lists.items()} == {
+        r: {r % cores} if pin == "cores" else set(range(cores)) for r in range(4)}
+
+
+def cpu_set(listed: str) -> set[int]:
+    """The cores of taskset's list ("0,1", "0-3,6")."""
+    cores = set()
+    for part in listed.split(","):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
 def test_the_switch_side_of_every_link_is_shaped_too():
     done = cluster("--rate", "200mbit", "-np", "3", "--launcher", "none", "--", "sh", "-c",
                    "hostname; for i in 0 1 2; do tc qdisc show dev r$i; done; bridge link show 2>/dev/null"
@@ -99,6 +121,7 @@ def test_a_failing_command_keeps_its_exit_status_and_cleans_up(links):
     (["--links", "shared", "--launcher", "horovodrun", "--", "true"], "needs --links per-rank"),
     (["--rate", "1gbit"], "no command given"),
     (["--ranks", "2", "--", "true"], "unknown option --ranks"),
+    (["--pin", "numa", "--", "true"], "--pin must be cores or none"),
 ])
 def test_bad_options_are_clear_errors(args, message):
     done = cluster(*args)
