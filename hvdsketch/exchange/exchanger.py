@@ -153,7 +153,7 @@ class Exchanger:
         values = values_of(tensor)
         ops = backend(values)
         traced = self._traced = ops.is_symbolic(values)
-        if not self.flights.names:  # the step's first tensor
+        if not self.flights:  # the step's first tensor
             if not traced:
                 self.protocol.begin(ops, self.step)
             self.flights.begin(self._expected)
@@ -247,7 +247,7 @@ class Exchanger:
         which then gets every share), and this rank's next step waits for that first. Ranks at
         another step or setup raise on every rank; a communicator that matches collectives by call
         order (MPI) raises ``TimeoutError`` instead of giving up."""
-        if self.flights.names or self.protocol.open:
+        if self.flights or self.protocol.open:
             raise RuntimeError("hvdsketch: a step is under way (its gradients' exchanges have started); call "
                                "this after optimizer.step(), not between backward() and step()")
         return self.protocol.check_in(activity, share, ops, self.step)
@@ -302,7 +302,7 @@ class Exchanger:
         leaves out starts afresh (so a state without them resets them). The policy (and the plan of a
         planned memory, with ``memory`` given without residuals) is restored where ``state`` has it
         and left as it is where not."""
-        if self.flights.names:
+        if self.flights:
             raise RuntimeError("hvdsketch: cannot load state while exchanges are in flight")
         self.step = int(state["step"])
         self.world = state.get("world")

@@ -46,6 +46,9 @@ class Scheduler:
     def __contains__(self, name: str) -> bool:
         return name in self._flights
 
+    def __len__(self) -> int:
+        return len(self._flights)
+
     def begin(self, order: list[str] | None) -> None:
         """A step's first flight is coming: launch in ``order`` where the communicator needs one."""
         self._launch = LaunchOrder(order) if order is not None and getattr(self.communicator, "ordered", False) \

@@ -45,11 +45,13 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
                                      memory=config.memory, sparse_as_dense=config.densify,
                                      collectives=config.collectives)
 
-    def report() -> dict[str, Any]:
-        r = optimizer.report()
-        return {"sent": r["bytes_sent"], "dense": r["bytes_dense_allreduce"], "seconds": r["seconds"],
-                "assignment": r["assignment"], "residual_bytes": r["residual_bytes"]}
-    return optimizer, report
+    return optimizer, lambda: record_of(optimizer.report())
+
+
+def record_of(report: dict[str, Any]) -> dict[str, Any]:
+    """What a training record keeps of hvdsketch's ``report()`` (the optimizer's, the DDP hook's)."""
+    return {"sent": report["bytes_sent"], "dense": report["bytes_dense_allreduce"], "seconds": report["seconds"],
+            "assignment": report["assignment"], "residual_bytes": report["residual_bytes"]}
 
 
 def _count_sparse_allgather(model: torch.nn.Module) -> dict[str, int]:

@@ -141,6 +141,7 @@ class ExchangeState:
         self.exchanger = Exchanger(policy, self.communicator, None if memory is None else create_memory(memory),
                                    sparse_as_dense=sparse_as_dense, prefix=prefix)
         self._buckets: list[_Bucket] = []  # this step's, until its last bucket
+        self._given: set[str] = set()  # the names of this step's buckets so far
         self._layout: list[tuple[str, ...]] = []  # the last step's buckets, by names
         self._resumed: list[tuple[str, ...]] = []  # the buckets of the step a checkpoint was saved after
         self._streaming = False  # this step's buckets start as they come
@@ -156,6 +157,7 @@ class ExchangeState:
         devices = [buffer.device] if buffer.device.type == "cuda" else None
         current = _Bucket(names, buffer, gradients, torch.futures.Future(devices=devices))
         self._buckets.append(current)
+        self._given.update(names)
         try:
             if len(self._buckets) == 1:
                 self._streaming = bool(self._layout) and self._layout[0] == names
@@ -163,7 +165,7 @@ class ExchangeState:
                     self._begin(self._layout)
             if self._streaming:
                 self._start(names, dict(zip(names, gradients)))
-            if bucket.is_last() or self._reduced <= {name for b in self._buckets for name in b.names}:
+            if bucket.is_last() or self._reduced <= self._given:
                 self._end_step()
         except BaseException as error:
             self._abandon(error)
@@ -195,6 +197,7 @@ class ExchangeState:
         resume, as the buckets of the step the checkpoint was saved after (DDP starts again from its
         first layout, which it rebuilds after a step), so the sums are the uninterrupted run's."""
         buckets, self._buckets = self._buckets, []
+        self._given.clear()
         layout = [bucket.names for bucket in buckets]
         resumed, self._resumed = self._resumed, []
         if not self._streaming:
@@ -225,6 +228,7 @@ class ExchangeState:
     def _abandon(self, error: BaseException) -> None:
         """A step broken off: every bucket's future fails with ``error``, no exchange goes on."""
         buckets, self._buckets = self._buckets, []
+        self._given.clear()
         for bucket in buckets:
             if not bucket.future.done():
                 bucket.future.set_exception(error)

@@ -153,7 +153,10 @@ def copier(ops: Any, tensor: Any, into_existing: bool) -> Callable[[], Any]:
         return tensor.copy if ops.name == "numpy" else tensor.clone
     buffer = ops.zeros(ops.shape(tensor), ops.dtype_name(tensor), tensor)
     if ops.name == "numpy":
-        return lambda: np.copyto(buffer, tensor) or buffer
+        def copy() -> np.ndarray:
+            np.copyto(buffer, tensor)
+            return buffer
+        return copy
     return lambda: buffer.copy_(tensor)
 
 

@@ -176,7 +176,7 @@ def _train(config: Any, workload: Any, hook: str, approximation_rank: int, start
     group is destroyed."""
     import torch
 
-    from hvdsketch.lab.train_torch import _optimizer, clip, fit
+    from hvdsketch.lab.train_torch import _optimizer, clip, fit, record_of
 
     torch.set_num_threads(max(1, torch.get_num_threads() // local))
     model = workload.build_model()
@@ -204,9 +204,7 @@ def _train(config: Any, workload: Any, hook: str, approximation_rank: int, start
         done = steps["done"]
         full = ring_allreduce_bytes(dense, size)
         if hook == "hvdsketch":
-            r = state.report()
-            return {"sent": r["bytes_sent"], "dense": r["bytes_dense_allreduce"], "seconds": r["seconds"],
-                    "assignment": r["assignment"], "residual_bytes": r["residual_bytes"]}
+            return record_of(state.report())
         if state is None:
             return {"sent": full * done, "dense": full * done, "seconds": {}}
         _, _, compressed = state.compression_stats()  # elements sent in the PowerSGD steps
