@@ -10,12 +10,16 @@ a process group (the default one unless given), so :meth:`Handle.test` polls
   the sum, as DDP's own reducer does (so a bucket's gradients fused in the
   bucket's layout come back bit for bit as DDP's), and integers are summed,
   then floor-divided.
-- ``allgather`` (row counts may differ by rank): the row counts of the round's
-  allgathers first, in one small ``all_gather`` waited for at once (gloo's
-  ``all_gather`` takes equal sizes only), then each message padded to the most
-  rows, gathered, and trimmed.
-- ``bor``: an ``all_gather`` of the equal-sized bitmaps folded with bitwise OR, as
-  Horovod's communicator does (so bytes compare with it).
+- ``allgather`` (row counts may differ by rank) and ``bor``: every gathered
+  message of a launch, whatever its dtype, packed as bytes into one ``all_gather``
+  (gloo's takes equal sizes only: each rank's bytes padded to the longest rank's),
+  then cut apart by the row counts. Where those differ by rank, they travel first,
+  waited for at once, inside the launch's ``max`` allreduce of int64 when there is
+  one (the exchanger's step tag) or in a small allreduce of their own. A ``bor``
+  is then folded from the gathered bitmaps, as Horovod's communicator does (so
+  bytes compare with it). A row-sparse gradient's allgather (indices and values)
+  is so two collectives with the step tag, where one by dtype with a round of
+  counts was four.
 - ``alltoall``: ``all_to_all_single`` with the message's splits as input splits,
   the output splits exchanged first by a small ``all_to_all_single`` waited for at once.
 
@@ -24,9 +28,9 @@ per :meth:`TorchDistCommunicator.start` call.
 
 torch.distributed matches collectives by the order of calls, not by name
 (``ordered``): the exchanger launches rounds in one order on every rank
-(:mod:`~hvdsketch.exchange.ordering`), and the few collectives this layer itself
-waits for in :meth:`~TorchDistCommunicator.start` (row counts, splits) are
-issued in that order too. Inside :meth:`TorchDistCommunicator.fusing` (the
+(:mod:`~hvdsketch.exchange.ordering`), and a launch issues its collectives in one
+order too (allreduces, the packed allgather, alltoalls), including the few it waits
+for itself (row counts, splits). Inside :meth:`TorchDistCommunicator.fusing` (the
 DDP hook wraps each bucket's exchanges in it) every start is held and the held
 messages go out together when the block ends, fused by (op, dtype): one bucket
 of dense gradients is one allreduce, as in DDP. So that what goes out inside a
@@ -40,6 +44,7 @@ step tag and checks) are staged through the current CUDA device.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -62,62 +67,92 @@ class _Held:
 
 class _Launch:
     """The collectives of some messages in flight; :meth:`results` gives each message's raw
-    result in order (allreduced slices, gathered rows, alltoall's received rows)."""
+    result in order (allreduced slices, gathered rows, alltoall's received rows).
+
+    Every rank issues them in one order: the allreduces by group, then one allgather of every
+    gathered message packed as bytes, then each alltoall. Where allgathers' row counts differ by
+    rank, the counts travel first, in the round's ``max`` allreduce of int64 when it has one (a
+    matrix of a row per rank, zeros but this rank's), waited for at once."""
 
     def __init__(self, communicator: "TorchDistCommunicator", messages: Sequence[Message]) -> None:
         self._communicator, self._messages = communicator, messages
         self._pending: list[tuple[list[int], Any, Any]] = []  # (indices, work or None, finish() -> their results)
         self._results: list[Any] | None = None
-        for (op, _), picked in group(messages).items():
+        groups = group(messages)
+        gathers = [i for (op, _), picked in groups.items() if op == "gather" for i in picked]
+        varying = [i for i in gathers if messages[i].op == "allgather"]
+        counts = self._counts_matrix(varying) if varying else None
+        carrier = ("max", "int64") if counts is not None and ("max", "int64") in groups else None
+        for (op, dtype), picked in groups.items():
             if KINDS[messages[picked[0]].op] == "allreduce":
-                self._allreduce(op, picked)
-            elif op == "gather":
-                self._gather(picked)
-            else:
+                self._allreduce(op, picked, counts if (op, dtype) == carrier else None)
+        if counts is not None and carrier is None:
+            dist.all_reduce(counts, dist.ReduceOp.MAX, group=communicator.group)
+        if gathers:
+            every = counts.cpu().tolist() if counts is not None else []
+            rows = {i: [messages[i].tensor.shape[0]] * communicator.size for i in gathers}
+            rows.update({i: [every[r][j] for r in range(communicator.size)] for j, i in enumerate(varying)})
+            self._gather(gathers, rows)
+        for (op, _), picked in groups.items():
+            if op.startswith("alltoall"):
                 self._alltoall(picked[0])
 
-    def _allreduce(self, op: str, picked: list[int]) -> None:
+    def _counts_matrix(self, varying: list[int]) -> torch.Tensor:
+        """A (ranks, allgathers) int64 matrix: this rank's row counts in its row, zeros elsewhere."""
+        c = self._communicator
+        first = c.staged(self._messages[varying[0]].tensor)
+        counts = torch.zeros((c.size, len(varying)), dtype=torch.int64, device=first.device)
+        counts[c.rank] = torch.tensor([self._messages[i].tensor.shape[0] for i in varying], dtype=torch.int64,
+                                      device=first.device)
+        return counts
+
+    def _allreduce(self, op: str, picked: list[int], counts: torch.Tensor | None) -> None:
+        """One fused allreduce of ``picked``; with ``counts``, those ride in it and it is waited for
+        (their max, written back into ``counts``, is every rank's row counts)."""
         c = self._communicator
         tensors = [c.staged(self._messages[i].tensor) for i in picked]
-        fused = torch.cat([t.reshape(-1) for t in tensors])
+        fused = torch.cat([t.reshape(-1) for t in tensors] + ([counts.reshape(-1)] if counts is not None else []))
         floating = fused.is_floating_point()
         if op == "average" and floating:
             fused.mul_(1.0 / c.size)
         work = None if fused.numel() == 0 else dist.all_reduce(
             fused, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=c.group, async_op=True)
+        if counts is not None:
+            work.wait()
+            counts.copy_(fused[fused.numel() - counts.numel():].reshape(counts.shape))
 
         def finish() -> list[Any]:
             summed = torch.div(fused, c.size, rounding_mode="floor") if op == "average" and not floating else fused
-            pieces = summed.split([t.numel() for t in tensors])
+            pieces = summed.split([t.numel() for t in tensors] + ([counts.numel()] if counts is not None else []))
             return [c.unstaged(piece.reshape(t.shape), self._messages[i].tensor)
                     for piece, t, i in zip(pieces, tensors, picked)]
 
         self._pending.append((picked, work, finish))
 
-    def _gather(self, picked: list[int]) -> None:
+    def _gather(self, picked: list[int], rows: dict[int, list[int]]) -> None:
+        """One allgather of every message in ``picked`` (``rows``: each one's row count on every
+        rank), this rank's as one run of bytes padded to the longest rank's."""
         c = self._communicator
-        tensors = [c.staged(self._messages[i].tensor) for i in picked]
-        varying = [k for k, i in enumerate(picked) if self._messages[i].op == "allgather"]
-        rows = {k: [tensors[k].shape[0]] * c.size for k in range(len(picked))}
-        if varying:  # the row counts of every allgather of the round, at once
-            mine = torch.tensor([tensors[k].shape[0] for k in varying], dtype=torch.int64, device=tensors[0].device)
-            counts = [torch.empty_like(mine) for _ in range(c.size)]
-            dist.all_gather(counts, mine, group=c.group)
-            every = torch.stack(counts).cpu().tolist()
-            rows.update({k: [every[r][j] for r in range(c.size)] for j, k in enumerate(varying)})
-        for k, i in enumerate(picked):
-            tensor, most = tensors[k], max(rows[k])
-            padded = tensor
-            if tensor.shape[0] != most:
-                padded = tensor.new_zeros((most, *tensor.shape[1:]))
-                padded[:tensor.shape[0]] = tensor
-            parts = [torch.empty_like(padded) for _ in range(c.size)]
-            work = None if padded.numel() == 0 else dist.all_gather(parts, padded, group=c.group, async_op=True)
+        tensors = [c.staged(self._messages[i].tensor).contiguous() for i in picked]
+        row_bytes = [math.prod(t.shape[1:]) * t.element_size() for t in tensors]
+        lengths = [sum(rows[i][r] * b for i, b in zip(picked, row_bytes)) for r in range(c.size)]
+        mine = torch.zeros(max(lengths), dtype=torch.uint8, device=tensors[0].device)
+        if lengths[c.rank]:
+            torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors], out=mine[:lengths[c.rank]])
+        parts = [torch.empty_like(mine) for _ in range(c.size)]
+        work = None if mine.numel() == 0 else dist.all_gather(parts, mine, group=c.group, async_op=True)
 
-            def finish(parts=parts, counts=rows[k], like=self._messages[i].tensor) -> list[Any]:
-                return [c.unstaged(torch.cat([part[:n] for part, n in zip(parts, counts)]), like)]
+        def finish() -> list[Any]:
+            pieces: list[list[torch.Tensor]] = [[] for _ in picked]
+            for r, part in enumerate(parts):
+                offset = 0
+                for k, (i, b) in enumerate(zip(picked, row_bytes)):
+                    pieces[k].append(part[offset:offset + rows[i][r] * b])
+                    offset += rows[i][r] * b
+            return [c.unstaged(torch.cat(p).view(t.dtype).reshape(sum(rows[i]), *t.shape[1:]), self._messages[i].tensor)
+                    for p, t, i in zip(pieces, tensors, picked)]
 
-            self._pending.append(([i], work, finish))
+        self._pending.append((picked, work, finish))
 
     def _alltoall(self, i: int) -> None:
         c = self._communicator

@@ -47,6 +47,31 @@ def test_allgathers_of_rows_differing_by_rank(comm):
     assert comm.stats.snapshot()["allgather"]["bytes_received"] == 12 * sum(r + 1 for r in range(size)) - mine
 
 
+def test_gathers_of_every_dtype_travel_in_one_allgather_their_counts_with_the_max(comm, monkeypatch):
+    """A round of a step tag (``max``, int64), allgathers of rows differing by rank in three dtypes (one
+    empty on rank 0) and a bitmap of odd length: two collectives in all, every result exact."""
+    rank, size = comm.rank, comm.size
+    calls = {"all_gather": 0, "all_reduce": 0}
+    for name in calls:  # the real collectives, counted
+        real = getattr(dist, name)
+        monkeypatch.setattr(dist, name, lambda *a, _real=real, _name=name, **k: calls.__setitem__(
+            _name, calls[_name] + 1) or _real(*a, **k))
+    tag = torch.tensor([7, rank])
+    halves = torch.full((rank + 1, 3), rank + 0.5, dtype=torch.float16)
+    indices = torch.arange(rank, dtype=torch.int32) + 10 * rank
+    rows = torch.full((2 * rank, 5), float(rank))
+    bits = torch.tensor([1 << rank % 8, 0, 1], dtype=torch.uint8)
+    most, got_halves, got_indices, got_rows, ored = reduce(comm, [
+        Message(tag, "max"), Message(halves, "allgather"), Message(indices, "allgather"),
+        Message(rows, "allgather"), Message(bits, "bor")], "round")
+    assert torch.equal(most, torch.tensor([7, size - 1]))
+    assert torch.equal(got_halves, torch.cat([torch.full((r + 1, 3), r + 0.5, dtype=torch.float16) for r in range(size)]))
+    assert torch.equal(got_indices, torch.cat([torch.arange(r, dtype=torch.int32) + 10 * r for r in range(size)]))
+    assert torch.equal(got_rows, torch.cat([torch.full((2 * r, 5), float(r)) for r in range(size)]))
+    assert torch.equal(ored, torch.tensor([sum({1 << r % 8 for r in range(size)}), 0, 1], dtype=torch.uint8))
+    assert calls == {"all_gather": 1, "all_reduce": 1}
+
+
 def test_alltoall_with_splits(comm):
     rank, size = comm.rank, comm.size
     splits = tuple(q + rank for q in range(size))  # rank r sends q + r values to rank q
