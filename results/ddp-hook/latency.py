@@ -1,0 +1,55 @@
+"""One small collective's round trip over gloo (torch.distributed) and over MPI (mpi4py), in one run.
+
+    bash launch/cluster.sh --rate 1gbit -np 2 -- python results/ddp-hook/latency.py
+
+Each figure is the median of 5 batches of 200 calls (min..max over the batches), after 30 warm-up calls.
+"""
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from hvdsketch.lab.bench.ddp import _store
+
+
+def timed(call, batches: int = 5, calls: int = 200) -> str:
+    for _ in range(30):
+        call()
+    times = []
+    for _ in range(batches):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return f"{statistics.median(times):8.0f} us ({min(times):.0f}..{max(times):.0f})"
+
+
+def main() -> None:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=_store(rank, size), rank=rank, world_size=size)
+    small, got = np.zeros(8, np.int64), np.empty(8, np.int64)
+    tensor = torch.zeros(8, dtype=torch.int64)
+    parts = [torch.empty_like(tensor) for _ in range(size)]
+    rows = torch.zeros(1400 * 65 * 4, dtype=torch.uint8)  # a fastText step's allgather: 1,400 rows of 64 + index
+    gathered = [torch.empty_like(rows) for _ in range(size)]
+    every = np.empty(size * rows.numel(), np.uint8)
+    cases = [("MPI Allreduce, 8 int64", lambda: comm.Allreduce(small, got)),
+             ("gloo all_reduce, 8 int64", lambda: dist.all_reduce(tensor)),
+             ("gloo all_gather, 8 int64", lambda: dist.all_gather(parts, tensor)),
+             ("MPI Allgather, 364 KB", lambda: comm.Allgather(rows.numpy(), every)),
+             ("gloo all_gather, 364 KB", lambda: dist.all_gather(gathered, rows))]
+    for name, call in cases:
+        line = timed(call)
+        if rank == 0:
+            print(f"{name:28s} {line}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
