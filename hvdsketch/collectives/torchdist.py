@@ -100,10 +100,10 @@ class _Launch:
     def _counts_matrix(self, varying: list[int]) -> torch.Tensor:
         """A (ranks, allgathers) int64 matrix: this rank's row counts in its row, zeros elsewhere."""
         c = self._communicator
-        first = c.staged(self._messages[varying[0]].tensor)
-        counts = torch.zeros((c.size, len(varying)), dtype=torch.int64, device=first.device)
-        counts[c.rank] = torch.tensor([self._messages[i].tensor.shape[0] for i in varying], dtype=torch.int64,
-                                      device=first.device)
+        device = c.staged(self._messages[varying[0]].tensor).device
+        mine = [self._messages[i].tensor.shape[0] for i in varying]
+        counts = torch.zeros((c.size, len(varying)), dtype=torch.int64, device=device)
+        counts[c.rank] = torch.tensor(mine, dtype=torch.int64, device=device)
         return counts
 
     def _allreduce(self, op: str, picked: list[int], counts: torch.Tensor | None) -> None:

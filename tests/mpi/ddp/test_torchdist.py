@@ -52,10 +52,15 @@ def test_gathers_of_every_dtype_travel_in_one_allgather_their_counts_with_the_ma
     empty on rank 0) and a bitmap of odd length: two collectives in all, every result exact."""
     rank, size = comm.rank, comm.size
     calls = {"all_gather": 0, "all_reduce": 0}
-    for name in calls:  # the real collectives, counted
-        real = getattr(dist, name)
-        monkeypatch.setattr(dist, name, lambda *a, _real=real, _name=name, **k: calls.__setitem__(
-            _name, calls[_name] + 1) or _real(*a, **k))
+
+    def counted(name, real):  # the real collective, its calls counted
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    for name in calls:
+        monkeypatch.setattr(dist, name, counted(name, getattr(dist, name)))
     tag = torch.tensor([7, rank])
     halves = torch.full((rank + 1, 3), rank + 0.5, dtype=torch.float16)
     indices = torch.arange(rank, dtype=torch.int32) + 10 * rank
