@@ -5,21 +5,25 @@ A round's messages are grouped as Horovod's communicator groups them
 a process group (the default one unless given), so :meth:`Handle.test` polls
 ``work.is_completed()`` and the round travels while backward goes on:
 
-- ``average``, ``sum``, ``max``: one ``all_reduce`` per (op, dtype) of the
-  messages fused into one flat buffer. ``average`` scales by ``1 / N`` before
-  the sum, as DDP's own reducer does (so a bucket's gradients fused in the
-  bucket's layout come back bit for bit as DDP's), and integers are summed,
-  then floor-divided.
+- floating-point ``average``, ``sum``, ``max``: one ``all_reduce`` per (op,
+  dtype) of the messages fused into one flat buffer. ``average`` scales by
+  ``1 / N`` before the sum, as DDP's own reducer does (so a bucket's gradients
+  fused in the bucket's layout come back bit for bit as DDP's).
 - ``allgather`` (row counts may differ by rank) and ``bor``: every gathered
   message of a launch, whatever its dtype, packed as bytes into one ``all_gather``
   (gloo's takes equal sizes only: each rank's bytes padded to the longest rank's),
   then cut apart by the row counts. Where those differ by rank, they travel first,
-  waited for at once, inside the launch's ``max`` allreduce of int64 when there is
-  one (the exchanger's step tag) or in a small allreduce of their own. A ``bor``
+  waited for at once, with the launch's integer allreduces (below). A ``bor``
   is then folded from the gathered bitmaps, as Horovod's communicator does (so
   bytes compare with it). A row-sparse gradient's allgather (indices and values)
-  is so two collectives with the step tag, where one by dtype with a round of
-  counts was four.
+  is so two all_gathers with the step tag, where one by dtype with a round of
+  counts was four collectives.
+- integer ``average``, ``sum``, ``max`` (the exchanger's step tag and checks):
+  one ``all_gather`` of their bytes, with the row counts, reduced on each rank
+  (exact in any order). Gloo's ``all_gather`` takes ``N - 1`` hops where its
+  ``all_reduce`` takes ``2 (N - 1)``; a small one cost 1.6 against 2.6 ms at 2
+  ranks, 5.0 against 8.6 ms at 4, on the emulated cluster
+  (``results/ddp-hook/latency.py``). Bytes are still counted as the allreduce's.
 - ``alltoall``: ``all_to_all_single`` with the message's splits as input splits,
   the output splits exchanged first by a small ``all_to_all_single`` waited for at once.
 
@@ -29,7 +33,7 @@ per :meth:`TorchDistCommunicator.start` call.
 torch.distributed matches collectives by the order of calls, not by name
 (``ordered``): the exchanger launches rounds in one order on every rank
 (:mod:`~hvdsketch.exchange.ordering`), and a launch issues its collectives in one
-order too (allreduces, the packed allgather, alltoalls), including the few it waits
+order too (integers, allreduces, the packed allgather, alltoalls), including the few it waits
 for itself (row counts, splits). Inside :meth:`TorchDistCommunicator.fusing` (the
 DDP hook wraps each bucket's exchanges in it) every start is held and the held
 messages go out together when the block ends, fused by (op, dtype): one bucket
@@ -69,10 +73,10 @@ class _Launch:
     """The collectives of some messages in flight; :meth:`results` gives each message's raw
     result in order (allreduced slices, gathered rows, alltoall's received rows).
 
-    Every rank issues them in one order: the allreduces by group, then one allgather of every
-    gathered message packed as bytes, then each alltoall. Where allgathers' row counts differ by
-    rank, the counts travel first, in the round's ``max`` allreduce of int64 when it has one (a
-    matrix of a row per rank, zeros but this rank's), waited for at once."""
+    Every rank issues them in one order: one allgather of the integer allreduces and the row
+    counts of allgathers (waited for at once where there are counts), the floating-point
+    allreduces by group, one allgather of every gathered message packed as bytes, then each
+    alltoall."""
 
     def __init__(self, communicator: "TorchDistCommunicator", messages: Sequence[Message]) -> None:
         self._communicator, self._messages = communicator, messages
@@ -81,51 +85,75 @@ class _Launch:
         groups = group(messages)
         gathers = [i for (op, _), picked in groups.items() if op == "gather" for i in picked]
         varying = [i for i in gathers if messages[i].op == "allgather"]
-        counts = self._counts_matrix(varying) if varying else None
-        carrier = ("max", "int64") if counts is not None and ("max", "int64") in groups else None
+        exact = [key for key, picked in groups.items() if KINDS[messages[picked[0]].op] == "allreduce"
+                 and not (messages[picked[0]].tensor.is_floating_point() or messages[picked[0]].tensor.is_complex())]
+        counts = self._integers(exact, groups, varying) if exact or varying else []
         for (op, dtype), picked in groups.items():
-            if KINDS[messages[picked[0]].op] == "allreduce":
-                self._allreduce(op, picked, counts if (op, dtype) == carrier else None)
-        if counts is not None and carrier is None:
-            dist.all_reduce(counts, dist.ReduceOp.MAX, group=communicator.group)
+            if KINDS[messages[picked[0]].op] == "allreduce" and (op, dtype) not in exact:
+                self._allreduce(op, picked)
         if gathers:
-            every = counts.cpu().tolist() if counts is not None else []
             rows = {i: [messages[i].tensor.shape[0]] * communicator.size for i in gathers}
-            rows.update({i: [every[r][j] for r in range(communicator.size)] for j, i in enumerate(varying)})
+            rows.update({i: [every[j] for every in counts] for j, i in enumerate(varying)})
             self._gather(gathers, rows)
         for (op, _), picked in groups.items():
             if op.startswith("alltoall"):
                 self._alltoall(picked[0])
 
-    def _counts_matrix(self, varying: list[int]) -> torch.Tensor:
-        """A (ranks, allgathers) int64 matrix: this rank's row counts in its row, zeros elsewhere."""
+    def _integers(self, keys: list[tuple[str, str]], groups: dict[tuple[str, str], list[int]],
+                  varying: list[int]) -> list[list[int]]:
+        """The integer allreduces ``keys`` and the row counts of the allgathers ``varying``, as one
+        all_gather of each rank's bytes, reduced here (exactly, in any order): gloo's all_gather takes
+        N - 1 hops where its all_reduce takes 2 (N - 1), each about a millisecond on the emulated
+        cluster (results/ddp-hook/latency.py). Where there are counts, it is waited for at once and
+        they are returned, every rank's list in rank order; the allreduces' results come with the rest."""
         c = self._communicator
-        device = c.staged(self._messages[varying[0]].tensor).device
-        mine = [self._messages[i].tensor.shape[0] for i in varying]
-        counts = torch.zeros((c.size, len(varying)), dtype=torch.int64, device=device)
-        counts[c.rank] = torch.tensor(mine, dtype=torch.int64, device=device)
+        fused = [torch.cat([c.staged(self._messages[i].tensor).reshape(-1) for i in groups[key]]) for key in keys]
+        device = fused[0].device if fused else c.staged(self._messages[varying[0]].tensor).device
+        mine = [torch.tensor([self._messages[i].tensor.shape[0] for i in varying], dtype=torch.int64, device=device)]
+        sizes = [t.numel() * t.element_size() for t in mine + fused]
+        parts = [torch.empty(sum(sizes), dtype=torch.uint8, device=device) for _ in range(c.size)]
+        work = None if not sum(sizes) else dist.all_gather(
+            parts, torch.cat([t.view(torch.uint8) for t in mine + fused]), group=c.group, async_op=True)
+
+        def every(k: int, dtype: torch.dtype) -> torch.Tensor:
+            """Piece ``k`` of every rank's bytes, a row per rank, in ``dtype``."""
+            return torch.stack([part.split(sizes)[k] for part in parts]).view(dtype)
+
+        counts: list[list[int]] = []
+        if varying:
+            work.wait()
+            counts = every(0, torch.int64).cpu().tolist()
+
+        def finish() -> list[Any]:
+            out = []
+            for k, (key, flat) in enumerate(zip(keys, fused), start=1):
+                ranks = every(k, flat.dtype)
+                reduced = ranks.amax(0) if key[0] == "max" else ranks.sum(0, dtype=flat.dtype)
+                if key[0] == "average":
+                    reduced = torch.div(reduced, c.size, rounding_mode="floor")
+                members = groups[key]
+                pieces = reduced.split([self._messages[i].tensor.numel() for i in members])
+                out += [c.unstaged(piece.reshape(self._messages[i].tensor.shape), self._messages[i].tensor)
+                        for piece, i in zip(pieces, members)]
+            return out
+
+        if keys:
+            self._pending.append(([i for key in keys for i in groups[key]], work, finish))
         return counts
 
-    def _allreduce(self, op: str, picked: list[int], counts: torch.Tensor | None) -> None:
-        """One fused allreduce of ``picked``; with ``counts``, those ride in it and it is waited for
-        (their max, written back into ``counts``, is every rank's row counts)."""
+    def _allreduce(self, op: str, picked: list[int]) -> None:
+        """One fused allreduce of ``picked`` (floating point: the integer ones travel in :meth:`_integers`)."""
         c = self._communicator
         tensors = [c.staged(self._messages[i].tensor) for i in picked]
-        fused = torch.cat([t.reshape(-1) for t in tensors] + ([counts.reshape(-1)] if counts is not None else []))
-        floating = fused.is_floating_point()
-        if op == "average" and floating:
+        fused = torch.cat([t.reshape(-1) for t in tensors])
+        if op == "average":
             fused.mul_(1.0 / c.size)
         work = None if fused.numel() == 0 else dist.all_reduce(
             fused, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=c.group, async_op=True)
-        if counts is not None:
-            work.wait()
-            counts.copy_(fused[fused.numel() - counts.numel():].reshape(counts.shape))
 
         def finish() -> list[Any]:
-            summed = torch.div(fused, c.size, rounding_mode="floor") if op == "average" and not floating else fused
-            pieces = summed.split([t.numel() for t in tensors] + ([counts.numel()] if counts is not None else []))
             return [c.unstaged(piece.reshape(t.shape), self._messages[i].tensor)
-                    for piece, t, i in zip(pieces, tensors, picked)]
+                    for piece, t, i in zip(fused.split([t.numel() for t in tensors]), tensors, picked)]
 
         self._pending.append((picked, work, finish))
 

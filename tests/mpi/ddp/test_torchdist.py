@@ -47,9 +47,10 @@ def test_allgathers_of_rows_differing_by_rank(comm):
     assert comm.stats.snapshot()["allgather"]["bytes_received"] == 12 * sum(r + 1 for r in range(size)) - mine
 
 
-def test_gathers_of_every_dtype_travel_in_one_allgather_their_counts_with_the_max(comm, monkeypatch):
-    """A round of a step tag (``max``, int64), allgathers of rows differing by rank in three dtypes (one
-    empty on rank 0) and a bitmap of odd length: two collectives in all, every result exact."""
+def test_gathers_of_every_dtype_travel_in_one_allgather_their_counts_with_the_integers(comm, monkeypatch):
+    """A round of a step tag (``max``, int64), an int32 ``sum``, allgathers of rows differing by rank in
+    three dtypes (one empty on rank 0) and a bitmap of odd length: two all_gathers in all (the counts
+    with the integers, then the rows) and no all_reduce, every result exact."""
     rank, size = comm.rank, comm.size
     calls = {"all_gather": 0, "all_reduce": 0}
 
@@ -66,15 +67,17 @@ def test_gathers_of_every_dtype_travel_in_one_allgather_their_counts_with_the_ma
     indices = torch.arange(rank, dtype=torch.int32) + 10 * rank
     rows = torch.full((2 * rank, 5), float(rank))
     bits = torch.tensor([1 << rank % 8, 0, 1], dtype=torch.uint8)
-    most, got_halves, got_indices, got_rows, ored = reduce(comm, [
+    votes = torch.tensor([1, rank, -3], dtype=torch.int32)
+    most, got_halves, got_indices, got_rows, ored, summed = reduce(comm, [
         Message(tag, "max"), Message(halves, "allgather"), Message(indices, "allgather"),
-        Message(rows, "allgather"), Message(bits, "bor")], "round")
+        Message(rows, "allgather"), Message(bits, "bor"), Message(votes, "sum")], "round")
     assert torch.equal(most, torch.tensor([7, size - 1]))
+    assert torch.equal(summed, torch.tensor([size, sum(range(size)), -3 * size], dtype=torch.int32))
     assert torch.equal(got_halves, torch.cat([torch.full((r + 1, 3), r + 0.5, dtype=torch.float16) for r in range(size)]))
     assert torch.equal(got_indices, torch.cat([torch.arange(r, dtype=torch.int32) + 10 * r for r in range(size)]))
     assert torch.equal(got_rows, torch.cat([torch.full((2 * r, 5), float(r)) for r in range(size)]))
     assert torch.equal(ored, torch.tensor([sum({1 << r % 8 for r in range(size)}), 0, 1], dtype=torch.uint8))
-    assert calls == {"all_gather": 1, "all_reduce": 1}
+    assert calls == {"all_gather": 2, "all_reduce": 0}
 
 
 def test_alltoall_with_splits(comm):
