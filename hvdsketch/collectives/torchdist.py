@@ -18,12 +18,14 @@ a process group (the default one unless given), so :meth:`Handle.test` polls
   bytes compare with it). A row-sparse gradient's allgather (indices and values)
   is so two all_gathers with the step tag, where one by dtype with a round of
   counts was four collectives.
-- integer ``average``, ``sum``, ``max`` (the exchanger's step tag and checks):
-  one ``all_gather`` of their bytes, with the row counts, reduced on each rank
-  (exact in any order). Gloo's ``all_gather`` takes ``N - 1`` hops where its
-  ``all_reduce`` takes ``2 (N - 1)``; a small one cost 1.6 against 2.6 ms at 2
-  ranks, 5.0 against 8.6 ms at 4, on the emulated cluster
-  (``results/ddp-hook/latency.py``). Bytes are still counted as the allreduce's.
+- integer ``average``, ``sum``, ``max`` (the exchanger's step tag and checks),
+  and at 2 ranks floating-point ones under :data:`GATHERED_BELOW` bytes where no
+  row counts wait: one ``all_gather`` of their bytes, with the row counts,
+  reduced on each rank (integers exact in any order, a sum of two in one order).
+  Gloo's ``all_gather`` takes ``N - 1`` hops where its ``all_reduce`` takes
+  ``2 (N - 1)``; a small one cost 1.6 against 2.6 ms at 2 ranks, 5.0 against
+  8.6 ms at 4, on the emulated cluster (``results/ddp-hook/latency.py``). Bytes
+  are still counted as the allreduce's.
 - ``alltoall``: ``all_to_all_single`` with the message's splits as input splits,
   the output splits exchanged first by a small ``all_to_all_single`` waited for at once.
 
@@ -60,6 +62,15 @@ from hvdsketch.collectives.stats import CommStats
 from hvdsketch.compress.base import Message
 
 
+#: Floating-point allreduce groups below this many bytes go as an all_gather at 2 ranks (1 MiB: 8 ms at
+#: 1 Gbit/s, against a hop of about 1 ms; see :meth:`_Launch._by_gather`).
+GATHERED_BELOW = 1 << 20
+
+
+def _integer(tensor: torch.Tensor) -> bool:
+    return not (tensor.is_floating_point() or tensor.is_complex())
+
+
 @dataclass
 class _Held:
     """What a communicator and its side channels (copies of it) share: whether a fusing block is
@@ -85,11 +96,11 @@ class _Launch:
         groups = group(messages)
         gathers = [i for (op, _), picked in groups.items() if op == "gather" for i in picked]
         varying = [i for i in gathers if messages[i].op == "allgather"]
-        exact = [key for key, picked in groups.items() if KINDS[messages[picked[0]].op] == "allreduce"
-                 and not (messages[picked[0]].tensor.is_floating_point() or messages[picked[0]].tensor.is_complex())]
-        counts = self._integers(exact, groups, varying) if exact or varying else []
+        by_gather = [key for key, picked in groups.items() if KINDS[messages[picked[0]].op] == "allreduce"
+                     and self._by_gather([messages[i].tensor for i in picked], bool(varying))]
+        counts = self._reduce_by_gather(by_gather, groups, varying) if by_gather or varying else []
         for (op, dtype), picked in groups.items():
-            if KINDS[messages[picked[0]].op] == "allreduce" and (op, dtype) not in exact:
+            if KINDS[messages[picked[0]].op] == "allreduce" and (op, dtype) not in by_gather:
                 self._allreduce(op, picked)
         if gathers:
             rows = {i: [messages[i].tensor.shape[0]] * communicator.size for i in gathers}
@@ -99,15 +110,26 @@ class _Launch:
             if op.startswith("alltoall"):
                 self._alltoall(picked[0])
 
-    def _integers(self, keys: list[tuple[str, str]], groups: dict[tuple[str, str], list[int]],
-                  varying: list[int]) -> list[list[int]]:
-        """The integer allreduces ``keys`` and the row counts of the allgathers ``varying``, as one
-        all_gather of each rank's bytes, reduced here (exactly, in any order): gloo's all_gather takes
-        N - 1 hops where its all_reduce takes 2 (N - 1), each about a millisecond on the emulated
-        cluster (results/ddp-hook/latency.py). Where there are counts, it is waited for at once and
-        they are returned, every rank's list in rank order; the allreduces' results come with the rest."""
+    def _by_gather(self, tensors: list[torch.Tensor], waited: bool) -> bool:
+        """Whether an allreduce group travels in :meth:`_reduce_by_gather`'s all_gather: integers always (exact
+        in any order); floating point at 2 ranks (``a + b`` is ``b + a``: DDP's sum bit for bit), under
+        :data:`GATHERED_BELOW` bytes (latency-bound: the hop saved is most of its time), and only where
+        that all_gather is not waited for at once (no row counts in it)."""
+        if all(_integer(t) for t in tensors):
+            return True
+        return self._communicator.size == 2 and not waited and sum(t.nbytes for t in tensors) < GATHERED_BELOW
+
+    def _reduce_by_gather(self, keys: list[tuple[str, str]], groups: dict[tuple[str, str], list[int]],
+                          varying: list[int]) -> list[list[int]]:
+        """The allreduce groups ``keys`` (see :meth:`_by_gather`) and the row counts of the allgathers
+        ``varying``, as one all_gather of each rank's bytes, reduced here: gloo's all_gather takes N - 1
+        hops where its all_reduce takes 2 (N - 1), each about a millisecond on the emulated cluster
+        (results/ddp-hook/latency.py), and at 2 ranks it sends the ring's bytes. Where there are counts,
+        it is waited for at once and they are returned, every rank's list in rank order; the
+        reductions' results come with the rest."""
         c = self._communicator
         fused = [torch.cat([c.staged(self._messages[i].tensor).reshape(-1) for i in groups[key]]) for key in keys]
+        fused = [f * (1.0 / c.size) if key[0] == "average" and not _integer(f) else f for f, key in zip(fused, keys)]
         device = fused[0].device if fused else c.staged(self._messages[varying[0]].tensor).device
         mine = [torch.tensor([self._messages[i].tensor.shape[0] for i in varying], dtype=torch.int64, device=device)]
         sizes = [t.numel() * t.element_size() for t in mine + fused]
@@ -129,7 +151,7 @@ class _Launch:
             for k, (key, flat) in enumerate(zip(keys, fused), start=1):
                 ranks = every(k, flat.dtype)
                 reduced = ranks.amax(0) if key[0] == "max" else ranks.sum(0, dtype=flat.dtype)
-                if key[0] == "average":
+                if key[0] == "average" and _integer(flat):
                     reduced = torch.div(reduced, c.size, rounding_mode="floor")
                 members = groups[key]
                 pieces = reduced.split([self._messages[i].tensor.numel() for i in members])
@@ -142,7 +164,7 @@ class _Launch:
         return counts
 
     def _allreduce(self, op: str, picked: list[int]) -> None:
-        """One fused allreduce of ``picked`` (floating point: the integer ones travel in :meth:`_integers`)."""
+        """One fused allreduce of ``picked`` (floating point: see :meth:`_by_gather`)."""
         c = self._communicator
         tensors = [c.staged(self._messages[i].tensor) for i in picked]
         fused = torch.cat([t.reshape(-1) for t in tensors])

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from hvdsketch.collectives import reduce
 from hvdsketch.collectives.stats import alltoall_bytes, ring_allreduce_bytes
-from hvdsketch.collectives.torchdist import TorchDistCommunicator
+from hvdsketch.collectives.torchdist import GATHERED_BELOW, TorchDistCommunicator
 from hvdsketch.compress.base import Message
 
 
@@ -47,14 +47,11 @@ def test_allgathers_of_rows_differing_by_rank(comm):
     assert comm.stats.snapshot()["allgather"]["bytes_received"] == 12 * sum(r + 1 for r in range(size)) - mine
 
 
-def test_gathers_of_every_dtype_travel_in_one_allgather_their_counts_with_the_integers(comm, monkeypatch):
-    """A round of a step tag (``max``, int64), an int32 ``sum``, allgathers of rows differing by rank in
-    three dtypes (one empty on rank 0) and a bitmap of odd length: two all_gathers in all (the counts
-    with the integers, then the rows) and no all_reduce, every result exact."""
-    rank, size = comm.rank, comm.size
+def counting(monkeypatch) -> dict[str, int]:
+    """The calls of the real all_gather and all_reduce from here on, counted."""
     calls = {"all_gather": 0, "all_reduce": 0}
 
-    def counted(name, real):  # the real collective, its calls counted
+    def counted(name, real):
         def call(*args, **kwargs):
             calls[name] += 1
             return real(*args, **kwargs)
@@ -62,6 +59,15 @@ def test_gathers_of_every_dtype_travel_in_one_allgather_their_counts_with_the_in
 
     for name in calls:
         monkeypatch.setattr(dist, name, counted(name, getattr(dist, name)))
+    return calls
+
+
+def test_gathers_of_every_dtype_travel_in_one_allgather_their_counts_with_the_integers(comm, monkeypatch):
+    """A round of a step tag (``max``, int64), an int32 ``sum``, allgathers of rows differing by rank in
+    three dtypes (one empty on rank 0) and a bitmap of odd length: two all_gathers in all (the counts
+    with the integers, then the rows) and no all_reduce, every result exact."""
+    rank, size = comm.rank, comm.size
+    calls = counting(monkeypatch)
     tag = torch.tensor([7, rank])
     halves = torch.full((rank + 1, 3), rank + 0.5, dtype=torch.float16)
     indices = torch.arange(rank, dtype=torch.int32) + 10 * rank
@@ -78,6 +84,24 @@ def test_gathers_of_every_dtype_travel_in_one_allgather_their_counts_with_the_in
     assert torch.equal(got_rows, torch.cat([torch.full((2 * r, 5), float(r)) for r in range(size)]))
     assert torch.equal(ored, torch.tensor([sum({1 << r % 8 for r in range(size)}), 0, 1], dtype=torch.uint8))
     assert calls == {"all_gather": 2, "all_reduce": 0}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_small_float_reduction_is_an_allgather_at_2_ranks_only(comm, monkeypatch, dtype):
+    """At 2 ranks an all_gather sends the ring's bytes in one hop: a small float round goes so, its
+    average DDP's bit for bit (each rank's half, summed); beyond 2 ranks, and above the size bound, it
+    stays an all_reduce."""
+    calls = counting(monkeypatch)
+    x = (torch.arange(5, dtype=torch.float32) / 3 + comm.rank).to(dtype)
+    big = torch.ones(GATHERED_BELOW // 4, dtype=torch.float32)
+    average, most, _ = reduce(comm, [Message(x, "average"), Message(-x, "max"), Message(big, "sum")], "round")
+    every = [(torch.arange(5, dtype=torch.float32) / 3 + r).to(dtype) for r in range(comm.size)]
+    if comm.size == 2:
+        assert torch.equal(average, every[0] * 0.5 + every[1] * 0.5)
+    else:
+        torch.testing.assert_close(average, sum(every) / comm.size)
+    assert torch.equal(most, -every[0])
+    assert calls == ({"all_gather": 1, "all_reduce": 1} if comm.size == 2 else {"all_gather": 0, "all_reduce": 3})
 
 
 def test_alltoall_with_splits(comm):
