@@ -257,6 +257,22 @@ def test_a_stall_ends_the_job_at_horovods_stall_shutdown_limit():
     assert "rank 1: done" not in done.stdout
 
 
+def test_a_tf_variable_without_a_gradient_on_one_rank_through_horovods_tape_is_named_and_ends():
+    """Horovod's own tape with the drop-in ``Compression.fp16``, ``b`` without a gradient on rank 1:
+    Horovod drops the ``None`` before any compression sees it, so the case is Horovod's (with its own
+    ``Compression.none`` alike). Its stall inspector names what rank 1 misses every
+    ``HOROVOD_STALL_CHECK_TIME_SECONDS``; rank 1 is not stalled (its other allreduces complete, so
+    ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` never fires) and runs to its end, which shuts Horovod down:
+    rank 0 raises then, no hang. hvdsketch's tape takes ``b`` with zeros instead (above)."""
+    done = job("tf_dropin_no_gradient", 150, HOROVOD_STALL_CHECK_TIME_SECONDS="3",
+               HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="8")
+    assert "Missing ranks:\n1: [" in done.stdout and "HorovodAllreduce" in done.stdout, done.stdout[-3000:]
+    lines = outcomes(done.stdout)
+    assert set(lines) == {0, 1}, done.stdout[-3000:]
+    assert lines[1].startswith("rank 1: done") and lines[1].endswith("80 steps"), lines[1]
+    assert "raised" in lines[0] and "Horovod has been shut down" in lines[0], lines[0]
+
+
 @pytest.mark.parametrize("rank0, rank1, key, values", [
     ("path: hvdsketch", "path: horovod", "path", ("hvdsketch", "horovod")),
     ("lr: 0.1", "lr: 0.2", "lr", ("0.1", "0.2")),
