@@ -25,7 +25,7 @@ a process group (the default one unless given), so :meth:`Handle.test` polls
   Gloo's ``all_gather`` takes ``N - 1`` hops where its ``all_reduce`` takes
   ``2 (N - 1)``; a small one cost 1.6 against 2.6 ms at 2 ranks, 5.0 against
   8.6 ms at 4, on the emulated cluster (``results/ddp-hook/latency.py``). Bytes
-  are still counted as the allreduce's.
+  are counted as the allreduce's: the same at 2 ranks, and a few integers beyond.
 - ``alltoall``: ``all_to_all_single`` with the message's splits as input splits,
   the output splits exchanged first by a small ``all_to_all_single`` waited for at once.
 
@@ -35,7 +35,7 @@ per :meth:`TorchDistCommunicator.start` call.
 torch.distributed matches collectives by the order of calls, not by name
 (``ordered``): the exchanger launches rounds in one order on every rank
 (:mod:`~hvdsketch.exchange.ordering`), and a launch issues its collectives in one
-order too (integers, allreduces, the packed allgather, alltoalls), including the few it waits
+order too (the gathered reductions with the counts, allreduces, the packed allgather, alltoalls), including the few it waits
 for itself (row counts, splits). Inside :meth:`TorchDistCommunicator.fusing` (the
 DDP hook wraps each bucket's exchanges in it) every start is held and the held
 messages go out together when the block ends, fused by (op, dtype): one bucket
@@ -84,8 +84,8 @@ class _Launch:
     """The collectives of some messages in flight; :meth:`results` gives each message's raw
     result in order (allreduced slices, gathered rows, alltoall's received rows).
 
-    Every rank issues them in one order: one allgather of the integer allreduces and the row
-    counts of allgathers (waited for at once where there are counts), the floating-point
+    Every rank issues them in one order: one allgather of the reductions :meth:`_by_gather` picks
+    and the row counts of allgathers (waited for at once where there are counts), the other
     allreduces by group, one allgather of every gathered message packed as bytes, then each
     alltoall."""
 
