@@ -23,7 +23,11 @@ class PowerSGD(Compressor):
     projection ``P^ P^^T M``: exact when the average of ``M`` has rank <= r (with a
     random start). ``Q`` is warm-started from the previous step's averaged ``Q``
     (Sec. 3, "warm start"), initially seeded uniform from ``seed`` and the name,
-    equal on every rank. Error feedback (Algorithm 2) is part of the method
+    equal on every rank. With ``warm_start=false`` every step draws a fresh ``Q``
+    the same way from the step too (PyTorch's hook with ``warm_start=False``): one
+    power iteration from a random start, so a low-rank average stays exact at
+    every step, where the warm start carries the last step's row space into the
+    next (better for gradients that change slowly, the paper's case). Error feedback (Algorithm 2) is part of the method
     (``feedback``): the exchanger keeps ``E`` in the user's residual memory, or in
     float32 when none is given.
     Orthogonalization is a reduced QR (in float32 for 16-bit gradients). Tensors of rank < 2,
@@ -32,8 +36,9 @@ class PowerSGD(Compressor):
     Host syncs: none (the QR runs on the tensor's device).
 
     Options (flag ``powersgd:rank=2``):
-      rank    rank r of the approximation, >= 1 (default 1)
-      seed    base seed of the initial Q (default 0)
+      rank        rank r of the approximation, >= 1 (default 1)
+      seed        base seed of the initial Q (default 0)
+      warm_start  start from the last step's averaged Q (default true), or from a fresh one
     """
 
     name: ClassVar[str] = "powersgd"
@@ -41,6 +46,7 @@ class PowerSGD(Compressor):
 
     rank: int = 1
     seed: int = 0
+    warm_start: bool = True
     _q: dict = private_state()
 
     def __post_init__(self) -> None:
@@ -62,7 +68,8 @@ class PowerSGD(Compressor):
         p = yield Round(messages)
         messages, p_hat = self.project(p, matrix)
         q = yield Round(messages, lambda: self.residual(tensor, messages, p_hat, ctx))
-        self._q[ctx.name] = q[0]
+        if self.warm_start:
+            self._q[ctx.name] = q[0]
         return self.decompress(q, p_hat, ctx)
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
@@ -74,7 +81,8 @@ class PowerSGD(Compressor):
         matrix = ops.reshape(tensor, shape)
         q = self._q.get(ctx.name)
         if q is None:
-            q = ops.uniform((shape[1], self.rank), seeds.derive(self.seed, ctx.name, 0, self.name), matrix) - 0.5
+            step = 0 if self.warm_start else ctx.step
+            q = ops.uniform((shape[1], self.rank), seeds.derive(self.seed, ctx.name, step, self.name), matrix) - 0.5
         return [Message(ops.matmul(matrix, q), "average")], matrix
 
     def project(self, reduced: Sequence[Any], matrix: Any) -> tuple[list[Message], Any]:
