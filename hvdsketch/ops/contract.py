@@ -224,7 +224,9 @@ class Ops(Protocol):
         an assertion that runs with the step)."""
 
     def check_finite(self, x: Tensor, message: str) -> Tensor:
-        """``x``, after raising ``FloatingPointError(message)`` if it holds NaN or Inf (host sync)."""
+        """``x``, after raising ``FloatingPointError(message)`` if it holds NaN or Inf (host sync;
+        TensorFlow: an assertion that raises its ``InvalidArgumentError`` with ``message`` when it
+        runs, eagerly or with the step inside ``tf.function``)."""
 
     def call_if(self, flag: Tensor | bool, fn: Callable[..., None], values: Sequence[Tensor | int]) -> None:
         """Call ``fn`` with ``values`` as numpy on the host when the truth ``flag`` holds (a warning

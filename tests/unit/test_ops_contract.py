@@ -84,3 +84,44 @@ def test_tensorflow_makes_tensors_on_the_device_of_like():
     done = subprocess.run([sys.executable, "-c", TF_PLACEMENT], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "placed 9" in done.stdout
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_the_finite_flag_and_check_see_every_nan_and_inf(backend, dtype):
+    import numpy as np
+
+    ops = BACKENDS[backend]
+    like = _tensor(backend, np.zeros(1, dtype))
+    for bad in (np.nan, np.inf, -np.inf):
+        for at in (0, 500, 999):
+            values = np.arange(1000, dtype=dtype) - 500
+            values[at] = bad
+            x = ops.from_numpy(values, like)
+            assert not ops.all_true([ops.all_finite_flag(x)]), (bad, at)
+            with pytest.raises(_nonfinite_error(backend), match="named"):
+                ops.check_finite(x, "named")
+    finite = ops.from_numpy(np.arange(1000, dtype=dtype) - 500, like)
+    assert ops.all_true([ops.all_finite_flag(finite)])
+    assert ops.all_true([ops.all_finite_flag(ops.zeros(0, dtype, like))])
+    assert ops.check_finite(finite, "named") is finite
+
+
+def _nonfinite_error(backend):
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.errors.InvalidArgumentError
+    return FloatingPointError
+
+
+def _tensor(backend, a):
+    if backend == "numpy":
+        return a
+    if backend == "torch":
+        import torch
+
+        return torch.from_numpy(a)
+    import tensorflow as tf
+
+    return tf.constant(a)
