@@ -127,4 +127,4 @@ class Allgather(Compressor):
         if state.units is None:
             return ops.reshape(reduced[0], ctx.shape)
         rows, summed = ops.coalesce_rows(reduced[0], ops.cast(reduced[1], state.dtype))
-        return from_units(ops, state.layout, rows, summed / ctx.world_size, ctx.shape, state.row_sparse)
+        return from_units(ops, state.layout, rows, summed / ctx.world_size, ctx.shape, state.row_sparse, ctx.out)

@@ -81,6 +81,10 @@ class TensorContext:
     step: int = 0
     world_size: int = 1
     rank: int = 0
+    #: Where the dense result goes: memory of the tensor's shape and dtype made once (the gradient's
+    #: own), or ``None`` for a new tensor (TensorFlow). A decompress that makes a dense result writes
+    #: into it (ops' ``out=``); the flight copies any other dense result there.
+    out: Any = None
 
 
 class Compressor(ABC):
@@ -126,7 +130,7 @@ class Compressor(ABC):
 
     def estimate(self, messages: Sequence[Message], state: Any, ctx: TensorContext) -> Any:
         """What this rank's own messages carry, as a dense tensor: the reduction over one rank."""
-        return self.decompress([m.tensor for m in messages], state, dataclasses.replace(ctx, world_size=1))
+        return self.decompress([m.tensor for m in messages], state, dataclasses.replace(ctx, world_size=1, out=None))
 
     @abstractmethod
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:

@@ -58,4 +58,5 @@ class HalfPrecision(Compressor):
         return [Message(ops.cast(tensor, self.dtype), "average")], ops.dtype_name(tensor)
 
     def decompress(self, reduced: Sequence[Any], dtype: str, ctx: TensorContext) -> Any:
-        return backend(reduced[0]).cast(reduced[0], dtype)
+        ops = backend(reduced[0])
+        return ops.cast(reduced[0], dtype) if ctx.out is None else ops.into(ctx.out, reduced[0])

@@ -15,6 +15,8 @@ import time
 from typing import Any, Sequence
 
 from hvdsketch.compress.base import Compressor, Message, Round, TensorContext
+from hvdsketch.compress.support import RowSparse
+from hvdsketch.ops import backend
 
 
 class Flight:
@@ -22,7 +24,7 @@ class Flight:
 
     ``round`` is the round to send next and ``index`` its number; :meth:`advance` takes that
     round's reduction and moves to the next, until ``done``, when ``result`` holds the averaged
-    tensor. ``seconds`` adds up the time spent in the compressor and the memory (the codec), the
+    tensor (written into ``ctx.out`` when given). ``seconds`` adds up the time spent in the compressor and the memory (the codec), the
     waiting for collectives excluded.
     """
 
@@ -60,9 +62,17 @@ class Flight:
             self.round = self._rounds.send(list(reduced))
             self.index += 1
         except StopIteration as end:
-            self.result, self.done = end.value, True
+            self.result, self.done = _written(end.value, self.ctx.out), True
         self.seconds += time.perf_counter() - began
         return self.done
+
+
+def _written(result: Any, out: Any) -> Any:
+    """The dense ``result`` in ``out`` when one is given (a copy only where the compressor did not
+    write it there itself); a row-sparse result as it is."""
+    if out is None or isinstance(result, RowSparse):
+        return result
+    return backend(result).into(out, result)
 
 
 def run_local(compressor: Compressor, tensor: Any, ctx: TensorContext,

@@ -97,4 +97,5 @@ class PowerSGD(Compressor):
         if p_hat is None:
             return reduced[0]
         ops = backend(p_hat)
-        return ops.reshape(ops.matmul(p_hat, ops.transpose(reduced[0])), ctx.shape)
+        out = None if ctx.out is None else ops.reshape(ctx.out, (ops.shape(p_hat)[0], -1))
+        return ops.reshape(ops.matmul(p_hat, ops.transpose(reduced[0]), out), ctx.shape)

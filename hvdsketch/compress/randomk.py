@@ -69,4 +69,5 @@ class RandomK(Compressor):
 
     def decompress(self, reduced: Sequence[Any], indices: Any, ctx: TensorContext) -> Any:
         ops = backend(reduced[0])
-        return ops.reshape(ops.scatter(math.prod(ctx.shape), indices, reduced[0]), ctx.shape)
+        out = None if ctx.out is None else ops.reshape(ctx.out, (-1,))
+        return ops.reshape(ops.scatter(math.prod(ctx.shape), indices, reduced[0], out), ctx.shape)

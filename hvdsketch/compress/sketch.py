@@ -363,4 +363,4 @@ class SparseSketch(Compressor):
         sent.hashed = None  # this rank's own hashes are not needed any more
         hashed = hash_units(ops, sent.hashes, layout, union, sent.dtype)
         estimate = recover(ops, plan.cols, hashed, cells, layout.unit_len)
-        return from_units(ops, layout, union, estimate, ctx.shape, sent.row_sparse)
+        return from_units(ops, layout, union, estimate, ctx.shape, sent.row_sparse, ctx.out)

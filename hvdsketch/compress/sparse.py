@@ -42,4 +42,5 @@ def average(reduced: Sequence[Any], ctx: TensorContext) -> Any:
     """The dense average over ``ctx.world_size`` ranks of allgathered ``(indices, values)``."""
     indices, values = reduced
     ops = backend(values)  # dividing the pairs, not the dense sum: one pass over the tensor fewer
-    return ops.reshape(ops.scatter_add(math.prod(ctx.shape), indices, values / ctx.world_size), ctx.shape)
+    out = None if ctx.out is None else ops.reshape(ctx.out, (-1,))
+    return ops.reshape(ops.scatter_add(math.prod(ctx.shape), indices, values / ctx.world_size, out), ctx.shape)

@@ -99,13 +99,15 @@ def count_units(tensor: Any, layout: Layout) -> int:
 
 
 def from_units(ops: ModuleType, layout: Layout, units: Any, values: Any, shape: Sequence[int],
-               row_sparse: bool) -> Any:
+               row_sparse: bool, out: Any = None) -> Any:
     """The tensor of ``shape`` holding ``values`` (``len(units) x unit_len``) at ``units``, zero
-    elsewhere: a :class:`RowSparse` when ``row_sparse`` and the units are rows (a matrix's), else dense."""
+    elsewhere: a :class:`RowSparse` when ``row_sparse`` and the units are rows (a matrix's), else dense,
+    written into ``out`` (of ``shape``) when given and the units tile it exactly."""
     if row_sparse and len(shape) >= 2:
         return RowSparse(units, ops.reshape(values, (-1, *shape[1:])), tuple(shape))
     coords = ops.outer_add(units * layout.unit_len, ops.arange(layout.unit_len, like=units))
-    flat = ops.scatter(layout.units * layout.unit_len, coords, ops.flatten(values))
+    into = None if out is None or layout.ragged else ops.reshape(out, (-1,))
+    flat = ops.scatter(layout.units * layout.unit_len, coords, ops.flatten(values), into)
     return ops.reshape(flat[:layout.numel] if layout.ragged else flat, shape)
 
 

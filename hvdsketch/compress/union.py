@@ -95,7 +95,7 @@ class Union(Compressor):
             result = yield from self._sketch(ctx, layout, units, unit_values, union, count, dtype)
         if not ops.is_symbolic(union):
             sizing.release(self._dense_for, ctx.name, self.error is None and count == layout.units, self.recheck)
-        return from_units(ops, layout, union, result, ctx.shape, isinstance(tensor, RowSparse))
+        return from_units(ops, layout, union, result, ctx.shape, isinstance(tensor, RowSparse), ctx.out)
 
     def _values(self, ctx: TensorContext, layout: Layout, units: Any, values: Any, union: Any, count: Any,
                 dtype: str) -> Exchange:

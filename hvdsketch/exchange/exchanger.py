@@ -31,7 +31,9 @@ runs), a trace does not count as a step, and no step tag is sent (its constant
 input would let TensorFlow fold the collective into the graph, leaving a
 retraced rank alone in it); the setup was agreed eagerly when first traced.
 Horovod reduces no bfloat16 tensor, so bfloat16 gradients are exchanged as
-float32 and handed back as bfloat16.
+float32 and handed back as bfloat16. An adapter that gives a tensor's own memory
+(``start(..., out=)``: PyTorch's optimizer, as Horovod's averages ``.grad`` in
+place) gets the result written there, with no dense tensor allocated per step.
 
 A communicator that matches collectives by the order of calls rather than by
 name (``communicator.ordered``: the MPI layer) gets its rounds in one canonical
@@ -46,6 +48,7 @@ is this rank's state; the adapters gather every rank's into one checkpoint.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from typing import Any, Callable, ContextManager, Literal, Mapping, Sequence
@@ -141,13 +144,17 @@ class Exchanger:
 
     # -- one step ---------------------------------------------------------------------------------
 
-    def start(self, name: str, tensor: Any) -> None:
-        """Start exchanging ``tensor`` (dense, or :class:`RowSparse`) under ``name``."""
+    def start(self, name: str, tensor: Any, out: Any = None) -> None:
+        """Start exchanging ``tensor`` (dense, or :class:`RowSparse`) under ``name``.
+
+        ``out``: memory of the dense tensor's shape and dtype (its own, as Horovod's optimizer
+        averages a gradient in place) that the result is written into, where nothing reads the
+        tensor after its exchange (not while ``auto`` observes a step); else the result is new."""
         began = time.perf_counter()
-        self._start(name, tensor)
+        self._start(name, tensor, out)
         self.communicator.stats.seconds["start"] += time.perf_counter() - began
 
-    def _start(self, name: str, tensor: Any) -> None:
+    def _start(self, name: str, tensor: Any, out: Any) -> None:
         if name in self.flights:
             raise RuntimeError(f"hvdsketch: {name!r} was started twice in one step")
         values = values_of(tensor)
@@ -157,14 +164,19 @@ class Exchanger:
             if not traced:
                 self.protocol.begin(ops, self.step)
             self.flights.begin(self._expected)
-        self._given[name] = values
         dtype = ops.dtype_name(values)
+        if traced or dtype in CARRIED_AS or self.policy.wants_inputs or isinstance(tensor, RowSparse):
+            out = None
+        # whether this rank's own input was finite, if its result is not: asked of the input then,
+        # or now where the result overwrites it
+        self._given[name] = (functools.partial(ops.all_finite_flag, values) if out is None or not ops.is_floating(values)
+                             else _constant(ops.all_finite_flag(values)))
         if dtype in CARRIED_AS:
             self._carried[name] = dtype
             tensor = _with_values(tensor, ops.cast(values, CARRIED_AS[dtype]))
         shape = tensor.dense_shape if isinstance(tensor, RowSparse) else ops.shape(tensor)
         ctx = TensorContext(name, tuple(shape), 0 if traced else self.step, self.communicator.size,
-                            self.communicator.rank)
+                            self.communicator.rank, out)
         compressor = self._dense if is_passthrough(tensor) else self.policy.compressor(ctx)
         memory = self._memory_for(compressor)
         if isinstance(tensor, RowSparse) and (self.sparse_as_dense or not compressor.row_sparse or (
@@ -275,7 +287,7 @@ class Exchanger:
             return results
         bad = [name for name, flag in zip(floating, flags) if not ops.all_true([flag])]
         given = self._given.get(bad[0])
-        finite_here = None if given is None else ops.all_true([ops.all_finite_flag(given)])
+        finite_here = None if given is None else ops.all_true([given()])
         raise FloatingPointError(self._nonfinite(bad[0], finite_here)
                                  + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
 
@@ -324,6 +336,10 @@ class Exchanger:
 def without_residuals(memory_state: Mapping[str, Any]) -> dict[str, Any]:
     """A :meth:`hvdsketch.memory.Memory.state_dict` with its residuals left out (its plan kept)."""
     return {**memory_state, "slots": {}}
+
+
+def _constant(value: Any) -> Callable[[], Any]:
+    return lambda: value
 
 
 def _with_values(result: Any, values: Any) -> Any:

@@ -11,6 +11,12 @@ it run on an accelerator as they run on the host:
 * **Host syncs are named.** A function that reads a device value on the host,
   or whose output size depends on the values (so the host must wait to learn
   it), says so in its docstring ("host sync"); the rest only queue device work.
+
+A third keeps the gradient path from allocating a dense result every step
+(on the host, fresh memory costs more than the copy it holds): the functions
+that make a tensor of the gradient's size take ``out``, memory of that size
+made once (the gradient's own), and write into it. PyTorch and numpy do;
+TensorFlow's tensors are immutable, so there ``out`` is always ``None``.
 """
 from __future__ import annotations
 
@@ -79,11 +85,18 @@ class Ops(Protocol):
     def indicator(self, n: int, idx: Tensor, dtype: str) -> Tensor:
         """A length-``n`` vector of ``dtype``, 1 at ``idx`` and 0 elsewhere, on ``idx``'s device."""
 
-    def scatter(self, n: int, idx: Tensor, values: Tensor) -> Tensor:
-        """A length-``n`` vector, ``values`` at ``idx`` (distinct) and 0 elsewhere, on ``values``' device."""
+    def scatter(self, n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
+        """A length-``n`` vector, ``values`` at ``idx`` (distinct) and 0 elsewhere, on ``values``' device
+        (written into the length-``n`` vector ``out`` when given, and that returned)."""
 
-    def scatter_add(self, n: int, idx: Tensor, values: Tensor) -> Tensor:
-        """A length-``n`` vector holding at each index the sum of the ``values`` given for it."""
+    def scatter_add(self, n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
+        """A length-``n`` vector holding at each index the sum of the ``values`` given for it
+        (written into the length-``n`` vector ``out`` when given, and that returned)."""
+
+    def into(self, out: Tensor, x: Tensor) -> Tensor:
+        """``x`` (of ``out``'s number of elements, any dtype) written into ``out`` as ``out``'s shape
+        and dtype, one read and one write; ``out`` returned, and nothing copied when ``x`` is
+        ``out``'s memory already (TensorFlow: raises, nothing is written into there)."""
 
     def add_rows(self, x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
         """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
@@ -131,8 +144,8 @@ class Ops(Protocol):
     def transpose(self, x2d: Tensor) -> Tensor:
         """The transpose of a matrix."""
 
-    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
-        """The matrix product ``a b``."""
+    def matmul(self, a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
+        """The matrix product ``a b`` (written into ``out``, of its shape and dtype, when given)."""
 
     def sign(self, x: Tensor) -> Tensor:
         """-1, 0 or 1 by the sign of each element."""

@@ -86,15 +86,29 @@ def gather(x: Tensor, idx: Tensor) -> Tensor:
     return x[idx]
 
 
-def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
-    out = np.zeros(n, dtype=values.dtype)
+def scatter(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
+    out = _zeroed(n, values, out)
     out[idx] = values
     return out
 
 
-def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
-    out = np.zeros(n, dtype=values.dtype)
+def scatter_add(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
+    out = _zeroed(n, values, out)
     np.add.at(out, idx, values)
+    return out
+
+
+def _zeroed(n: int, values: Tensor, out: Tensor | None) -> Tensor:
+    """``out`` set to zeros, or new zeros of ``values``' dtype."""
+    if out is None:
+        return np.zeros(n, dtype=values.dtype)
+    out.fill(0)
+    return out
+
+
+def into(out: Tensor, x: Tensor) -> Tensor:
+    if x.ctypes.data != out.ctypes.data or x.dtype != out.dtype:
+        np.copyto(out, np.reshape(x, out.shape), casting="unsafe")
     return out
 
 
@@ -279,8 +293,8 @@ def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tens
     return np.clip(x, low, high)
 
 
-def matmul(a: Tensor, b: Tensor) -> Tensor:
-    return a @ b
+def matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
+    return np.matmul(a, b, out=out)
 
 
 def transpose(x2d: Tensor) -> Tensor:

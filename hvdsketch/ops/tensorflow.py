@@ -100,14 +100,28 @@ def gather(x: Tensor, idx: Tensor) -> Tensor:
     return tf.gather(x, idx)
 
 
-def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
+def scatter(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
+    _immutable(out)
     with _on(values):
         return tf.scatter_nd(idx[:, None], values, [n])
 
 
-def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
+def scatter_add(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
+    _immutable(out)
     with _on(values):
         return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype), idx[:, None], values)
+
+
+def into(out: Tensor, x: Tensor) -> Tensor:
+    raise TypeError(_IMMUTABLE)
+
+
+_IMMUTABLE = "hvdsketch: a TensorFlow tensor cannot be written into (out= is for PyTorch and numpy)"
+
+
+def _immutable(out: Tensor | None) -> None:
+    if out is not None:
+        raise TypeError(_IMMUTABLE)
 
 
 def add_rows(x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
@@ -309,7 +323,8 @@ def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tens
     return x
 
 
-def matmul(a: Tensor, b: Tensor) -> Tensor:
+def matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
+    _immutable(out)
     return tf.linalg.matmul(a, b)
 
 

@@ -96,15 +96,25 @@ def gather(x: Tensor, idx: Tensor) -> Tensor:
     return x[idx.to(x.device)]
 
 
-def scatter(n: int, idx: Tensor, values: Tensor) -> Tensor:
-    out = torch.zeros(n, dtype=values.dtype, device=values.device)
-    out[idx.to(values.device)] = values
+def scatter(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
+    out = _zeroed(n, values, out)
+    out[idx.to(values.device)] = values.to(out.dtype)
     return out
 
 
-def scatter_add(n: int, idx: Tensor, values: Tensor) -> Tensor:
-    out = torch.zeros(n, dtype=values.dtype, device=values.device)
-    return out.index_add_(0, idx.to(values.device), values)
+def scatter_add(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
+    return _zeroed(n, values, out).index_add_(0, idx.to(values.device), values)
+
+
+def _zeroed(n: int, values: Tensor, out: Tensor | None) -> Tensor:
+    """``out`` set to zeros, or new zeros of ``values``' dtype and device."""
+    return torch.zeros(n, dtype=values.dtype, device=values.device) if out is None else out.zero_()
+
+
+def into(out: Tensor, x: Tensor) -> Tensor:
+    if x.data_ptr() == out.data_ptr() and x.dtype == out.dtype:
+        return out
+    return out.copy_(x.reshape(out.shape))
 
 
 def add_rows(x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
@@ -285,8 +295,8 @@ def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tens
     return torch.clamp(x, low, high)
 
 
-def matmul(a: Tensor, b: Tensor) -> Tensor:
-    return torch.matmul(a, b)
+def matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
+    return torch.matmul(a, b, out=out)
 
 
 def transpose(x2d: Tensor) -> Tensor:

@@ -114,7 +114,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._started:
             self._join()
         self._started.add(p)
-        self._exchanger.start(self._names[p], _as_hvdsketch(grad))
+        dense = not grad.is_sparse and grad is p.grad and grad.is_contiguous()
+        self._exchanger.start(self._names[p], _as_hvdsketch(grad), out=grad if dense else None)
 
     def _join(self, elastic: bool = False) -> None:
         """Where a world begins (the first step; the first after Horovod elastic changed the number

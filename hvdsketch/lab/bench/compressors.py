@@ -13,7 +13,9 @@ every reduction the identity, in the chosen framework's back-end, with
 
   ratio        dense bytes / bytes the rank puts into its collectives, all rounds together
   compress     time until the first round's messages are ready, and dense GB/s through it
-  decompress   time from the first reduction to the result (PowerSGD's second round included)
+  decompress   time from the first reduction to the result (PowerSGD's second round included),
+               a dense one written into memory made once, as the PyTorch optimizer writes it into
+               the gradient's own (TensorFlow: a new tensor)
   x copy       (compress + decompress) / the time of one copy of the dense gradient into an
                existing buffer on its device (median, and the range over the repeats)
   error        ||result - g|| / ||g||: what one rank's compression loses, before averaging
@@ -107,10 +109,10 @@ def gradient(numel: int, width: int, density: float, seed: int) -> np.ndarray:
     return g
 
 
-def measure(compressor: Any, tensor: Any, shape: tuple[int, ...], step: int, memory: Any
+def measure(compressor: Any, tensor: Any, shape: tuple[int, ...], step: int, memory: Any, out: Any = None
             ) -> tuple[float, float, Any, list[list[Any]]]:
     """One step of ``compressor``: compress and decompress seconds (error feedback's compensation and
-    residual included), result, messages per round."""
+    residual included), result (in ``out`` when given: the gradient's own memory), messages per round."""
     from hvdsketch.compress import TensorContext
     from hvdsketch.compress.support import values_of
     from hvdsketch.compress.flight import Flight
@@ -118,7 +120,7 @@ def measure(compressor: Any, tensor: Any, shape: tuple[int, ...], step: int, mem
     ops = backend_of(tensor)
     ops.synchronize(values_of(tensor))
     start = time.perf_counter()
-    flight = Flight(compressor, tensor, TensorContext("bench", shape, step, 1), memory)
+    flight = Flight(compressor, tensor, TensorContext("bench", shape, step, 1, out=out), memory)
     rounds = [flight.messages]
     flight.settle()
     for m in rounds[0]:
@@ -182,12 +184,14 @@ def bench(flag: str, g: np.ndarray, tensor: Any, repeats: int, warmup: int, copy
     residuals = None if memory is None else create_memory(memory)
     if isinstance(tensor, RowSparse) and not compressor.row_sparse:
         tensor = tensor.to_dense()  # as the exchanger hands it over
-    runs = [measure(compressor, tensor, g.shape, step, residuals) for step in range(warmup + repeats)][warmup:]
+    ops = backend_of(tensor)
+    # a dense result goes into memory made once, as PyTorch's optimizer gives it the gradient's own
+    out = None if isinstance(tensor, RowSparse) or ops.name == "tensorflow" else ops.zeros(g.shape, "float32", tensor)
+    runs = [measure(compressor, tensor, g.shape, step, residuals, out) for step in range(warmup + repeats)][warmup:]
     compress_s = statistics.median(r[0] for r in runs)
     decompress_s = statistics.median(r[1] for r in runs)
     totals = [(r[0] + r[1]) / copy_s for r in runs]
     _, _, result, rounds = runs[-1]
-    ops = backend_of(tensor)
     sent = sum(ops.nbytes(m.tensor) for messages in rounds for m in messages)
     truth = g.astype(np.float64)
     dense = result.to_dense() if isinstance(result, RowSparse) else result

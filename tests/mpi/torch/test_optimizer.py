@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from hvdsketch.compress import REGISTRY
 from hvdsketch.torch import DistributedOptimizer
 
 STEPS = 4
@@ -198,3 +199,26 @@ def test_a_rank_at_another_step_fails_on_every_rank(hvd):
     with pytest.raises(AgreementError, match="different steps"):  # where the new world begins: the first step
         torch.nn.functional.cross_entropy(model(tokens), labels).backward()
         resumed.step()
+
+
+@pytest.mark.parametrize("compression", sorted(REGISTRY))
+def test_the_average_is_written_into_each_gradients_own_memory(hvd, compression):
+    """As Horovod's optimizer averages ``.grad`` in place: no dense tensor is allocated for the result."""
+    model = Net()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters(), compression=compression)
+    for step in range(3):
+        optimizer.zero_grad(set_to_none=False)
+        tokens, labels = batch(hvd.rank(), step)
+        torch.nn.functional.cross_entropy(model(tokens), labels).backward()
+        local = {p: p.grad.clone() for p in model.parameters()}
+        memory = {p: p.grad.data_ptr() for p in model.parameters()}
+        optimizer.synchronize()
+        assert all(p.grad.data_ptr() == memory[p] for p in model.parameters())
+        assert any(not torch.equal(p.grad, local[p]) for p in model.parameters())
+        if compression == "none":
+            for p in model.parameters():
+                torch.testing.assert_close(p.grad, hvd.allreduce(local[p]))
+        with optimizer.skip_synchronize():
+            optimizer.step()
