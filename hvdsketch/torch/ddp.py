@@ -185,10 +185,12 @@ class ExchangeState:
         self.exchanger.expect([name for names in layout for name in names])
 
     def _start(self, names: tuple[str, ...], gradients: Mapping[str, torch.Tensor]) -> None:
-        """Start one bucket's exchanges; their first rounds go out together, as DDP's bucket does."""
+        """Start one bucket's exchanges; their first rounds go out together, as DDP's bucket does. A
+        dense gradient's average is written into its place in the bucket's buffer."""
         with self.communicator.fusing():
             for name in names:
-                self.exchanger.start(name, _as_hvdsketch(gradients[name]))
+                gradient = gradients[name]
+                self.exchanger.start(name, _as_hvdsketch(gradient), out=None if gradient.is_sparse else gradient)
 
     def _end_step(self) -> None:
         """The last bucket: start what waited, finish every exchange, complete every future.
@@ -220,7 +222,7 @@ class ExchangeState:
             else:
                 for name, gradient in zip(bucket.names, bucket.gradients):
                     result = _as_torch(averaged[name])
-                    gradient.copy_(result.to_dense() if result.is_sparse else result)
+                    torch_ops.into(gradient, result.to_dense() if result.is_sparse else result)
                 bucket.future.set_result(bucket.buffer)
             self._bytes_dense += sum(torch_ops.nbytes(g) if not g.is_sparse else
                                      g.shape.numel() * g.element_size() for g in bucket.gradients)
