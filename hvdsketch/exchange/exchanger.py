@@ -169,8 +169,9 @@ class Exchanger:
             out = None
         # whether this rank's own input was finite, if its result is not: asked of the input then,
         # or now where the result overwrites it
-        self._given[name] = (functools.partial(ops.all_finite_flag, values) if out is None or not ops.is_floating(values)
-                             else _constant(ops.all_finite_flag(values)))
+        overwritten = out is not None and ops.is_floating(values)
+        self._given[name] = (_constant(ops.all_finite_flag(values)) if overwritten
+                             else functools.partial(ops.all_finite_flag, values))
         if dtype in CARRIED_AS:
             self._carried[name] = dtype
             tensor = _with_values(tensor, ops.cast(values, CARRIED_AS[dtype]))
