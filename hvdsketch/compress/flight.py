@@ -24,8 +24,8 @@ class Flight:
 
     ``round`` is the round to send next and ``index`` its number; :meth:`advance` takes that
     round's reduction and moves to the next, until ``done``, when ``result`` holds the averaged
-    tensor (written into ``ctx.out`` when given). ``seconds`` adds up the time spent in the compressor and the memory (the codec), the
-    waiting for collectives excluded.
+    tensor (written into ``ctx.out`` when given). ``seconds`` adds up the time spent in the
+    compressor and the memory (the codec), the waiting for collectives excluded.
     """
 
     def __init__(self, compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Any = None) -> None:

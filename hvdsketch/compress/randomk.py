@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Sequence
 from hvdsketch.compress import seeds, sparse
 from hvdsketch.compress.base import Compressor, Message, TensorContext
 from hvdsketch.compress.state import private_state
+from hvdsketch.compress.support import flat_out
 from hvdsketch.ops import backend
 
 
@@ -69,5 +70,4 @@ class RandomK(Compressor):
 
     def decompress(self, reduced: Sequence[Any], indices: Any, ctx: TensorContext) -> Any:
         ops = backend(reduced[0])
-        out = None if ctx.out is None else ops.reshape(ctx.out, (-1,))
-        return ops.reshape(ops.scatter(math.prod(ctx.shape), indices, reduced[0], out), ctx.shape)
+        return ops.reshape(ops.scatter(math.prod(ctx.shape), indices, reduced[0], flat_out(ops, ctx.out)), ctx.shape)

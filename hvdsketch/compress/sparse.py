@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any, Sequence
 
 from hvdsketch.compress.base import Message, TensorContext
+from hvdsketch.compress.support import flat_out
 from hvdsketch.ops import backend
 
 
@@ -42,5 +43,5 @@ def average(reduced: Sequence[Any], ctx: TensorContext) -> Any:
     """The dense average over ``ctx.world_size`` ranks of allgathered ``(indices, values)``."""
     indices, values = reduced
     ops = backend(values)  # dividing the pairs, not the dense sum: one pass over the tensor fewer
-    out = None if ctx.out is None else ops.reshape(ctx.out, (-1,))
-    return ops.reshape(ops.scatter_add(math.prod(ctx.shape), indices, values / ctx.world_size, out), ctx.shape)
+    return ops.reshape(ops.scatter_add(math.prod(ctx.shape), indices, values / ctx.world_size,
+                                       flat_out(ops, ctx.out)), ctx.shape)

@@ -106,9 +106,14 @@ def from_units(ops: ModuleType, layout: Layout, units: Any, values: Any, shape: 
     if row_sparse and len(shape) >= 2:
         return RowSparse(units, ops.reshape(values, (-1, *shape[1:])), tuple(shape))
     coords = ops.outer_add(units * layout.unit_len, ops.arange(layout.unit_len, like=units))
-    into = None if out is None or layout.ragged else ops.reshape(out, (-1,))
-    flat = ops.scatter(layout.units * layout.unit_len, coords, ops.flatten(values), into)
+    flat = ops.scatter(layout.units * layout.unit_len, coords, ops.flatten(values),
+                       None if layout.ragged else flat_out(ops, out))
     return ops.reshape(flat[:layout.numel] if layout.ragged else flat, shape)
+
+
+def flat_out(ops: ModuleType, out: Any) -> Any:
+    """``out`` (a result's memory, :attr:`TensorContext.out`) as the vector a scatter writes into."""
+    return None if out is None else ops.reshape(out, (-1,))
 
 
 def values_of(tensor: Any) -> Any:
