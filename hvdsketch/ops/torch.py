@@ -11,6 +11,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from hvdsketch.ops import torch_host
+
 name = "torch"
 Tensor = torch.Tensor
 
@@ -206,7 +208,10 @@ def sqnorm(x: Tensor) -> Tensor:
 
 
 def topk_abs(x: Tensor, k: int) -> Tensor:
-    """int64 indices of the ``k`` entries of the 1-D ``x`` largest in magnitude (ties: any)."""
+    """int64 indices of the ``k`` entries of the 1-D ``x`` largest in magnitude (ties: any); on the
+    host by a sampled threshold and one pass (:func:`hvdsketch.ops.torch_host.topk_abs`)."""
+    if x.device.type == "cpu":
+        return torch_host.topk_abs(x, k)
     return torch.topk(x.abs(), min(k, x.shape[0]), sorted=False).indices
 
 
@@ -255,6 +260,12 @@ def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
     """int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``; if more than
     ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any). NaN qualifies
     and ranks largest (as in top-k), so a non-finite input always reaches the collective."""
+    if x.device.type == "cpu":
+        level = float(threshold)
+        if not level > 0:  # every entry qualifies
+            return torch_host.topk_abs(x, limit)
+        idx = torch_host.reaching(x, level)
+        return idx if idx.shape[0] <= limit else idx[torch_host.topk_abs(x[idx], limit)]
     magnitude = x.abs()
     idx = torch.nonzero(~(magnitude < threshold)).reshape(-1)
     if idx.shape[0] > limit:
