@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress.base import Compressor, Message, TensorContext
-from hvdsketch.compress.quantize import average_scaled
+from hvdsketch.compress.support import flat_out
 from hvdsketch.ops import backend
 
 
@@ -35,12 +35,16 @@ class EFSignSGD(Compressor):
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
         ops = backend(tensor)
         flat = ops.flatten(tensor)
-        scale = ops.reshape(ops.reduce_sum(abs(flat)) / math.prod(ctx.shape), (1,))
+        n = math.prod(ctx.shape)
+        scale = ops.bucket_norms(flat, n, 1) / n
         return [Message(scale, "allgather"), Message(ops.pack_bits(flat >= 0), "allgather")], None
 
     def decompress(self, reduced: Sequence[Any], state: Any, ctx: TensorContext) -> Any:
+        """The mean over ranks of ``scale * (2 bit - 1)``, the ``1 / N`` folded into the scales."""
         scales, bits = reduced
         ops = backend(scales)
         n = math.prod(ctx.shape)
-        signs = ops.reshape(ops.cast(ops.unpack_bits(bits), ops.dtype_name(scales)), (ctx.world_size, -1))
-        return ops.reshape(average_scaled(ops, 2 * signs[:, :n] - 1, scales, ctx.world_size), ctx.shape)
+        signs = ops.reshape(2 * ops.cast(ops.unpack_bits(bits), "int8") - 1, (ctx.world_size, -1))[:, :n]
+        average = ops.scaled_sum(signs, ops.reshape(scales / ctx.world_size, (ctx.world_size, 1)), n,
+                                 flat_out(ops, ctx.out))
+        return ops.reshape(average, ctx.shape)

@@ -41,5 +41,5 @@ class QSGD(StochasticQuantizer):
         if self.bucket is not None and self.bucket < 1:
             raise ValueError(f"bucket must be >= 1 or none, got {self.bucket}")
 
-    def scales(self, ops: ModuleType, magnitudes: Any) -> Any:
-        return ops.reduce_sum(magnitudes * magnitudes, axis=1) ** 0.5
+    def scales(self, ops: ModuleType, flat: Any, size: int) -> Any:
+        return ops.bucket_norms(flat, size, 2)

@@ -1,6 +1,7 @@
 """TernGrad: stochastic ternary gradients {-1, 0, 1} * max|g| (Wen et al., NeurIPS 2017)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
@@ -32,5 +33,5 @@ class TernGrad(StochasticQuantizer):
 
     seed: int = 0
 
-    def scales(self, ops: ModuleType, magnitudes: Any) -> Any:
-        return ops.reduce_max(magnitudes, axis=1)
+    def scales(self, ops: ModuleType, flat: Any, size: int) -> Any:
+        return ops.bucket_norms(flat, size, math.inf)

@@ -176,6 +176,10 @@ class Ops(Protocol):
     def reduce_min(self, x: Tensor, axis: int | None = None) -> Tensor:
         """The minimum of ``x`` (along ``axis``)."""
 
+    def bucket_norms(self, x: Tensor, size: int, order: float) -> Tensor:
+        """The ``order``-norm (1, 2 or ``inf``) of each run of ``size`` consecutive entries of the vector
+        ``x`` (the last run may be shorter), as a vector of ``x``'s dtype; NaN propagates."""
+
     def sqnorm(self, x: Tensor) -> Tensor:
         """``sum x^2``, accumulated in float64, as a 0-d float64 tensor on ``x``'s device."""
 
@@ -191,6 +195,21 @@ class Ops(Protocol):
     def orthonormalize(self, x2d: Tensor) -> Tensor:
         """Orthonormal columns spanning those of the ``n x r`` matrix ``x2d`` (``n >= r``): the Q of
         its reduced QR decomposition (Householder, so rank-deficient inputs still give orthonormal Q)."""
+
+    # -- stochastic rounding ----------------------------------------------------------------
+
+    def stochastic_round(self, x: Tensor, scales: Tensor, size: int, limit: int, seed: int, dtype: str) -> Tensor:
+        """Each ``y_i = x_i * scales[i // size]`` of the vector ``x`` rounded to an integer, up with the
+        probability of its fraction and down otherwise (``floor(y_i + u_i)``, ``u_i`` uniform in
+        ``[0, 1)``, so ``E[result_i] = y_i``), clipped to ``[-limit, limit]``, as the integer ``dtype``.
+        The draws are a pure function of ``seed`` within a back-end and device type, with at least 16
+        random bits each (a bias of at most ``2^-17``, no more than float32's own rounding of ``y``
+        near 127)."""
+
+    def scaled_sum(self, codes: Tensor, scales: Tensor, size: int, out: Tensor | None = None) -> Tensor:
+        """``sum_r codes[r, i] * scales[r, i // size]`` for the integer matrix ``codes`` (one row per
+        rank) and the float matrix ``scales``: a vector of ``codes``' row length and ``scales``' dtype
+        (written into ``out``, of that length and dtype, when given)."""
 
     # -- selecting (output sizes marked "host sync" depend on the values) -----------------------
 

@@ -199,6 +199,24 @@ except ImportError:  # pragma: no cover - ml_dtypes ships with TensorFlow
     pass
 
 
+def bucket_norms(x: Tensor, size: int, order: float) -> Tensor:
+    starts = np.arange(0, x.shape[0], size)
+    if order == 2:
+        return np.sqrt(np.add.reduceat(x * x, starts))
+    return (np.add if order == 1 else np.maximum).reduceat(np.abs(x), starts)
+
+
+def stochastic_round(x: Tensor, scales: Tensor, size: int, limit: int, seed: int, dtype: str) -> Tensor:
+    y = x * np.repeat(scales, size)[:x.shape[0]]
+    y += uniform(y.shape, seed, y)
+    with np.errstate(invalid="ignore"):  # NaN has no integer: its bucket's scale carries it to the check
+        return np.clip(np.floor(y, out=y), -limit, limit, out=y).astype(dtype)
+
+
+def scaled_sum(codes: Tensor, scales: Tensor, size: int, out: Tensor | None = None) -> Tensor:
+    return np.sum(codes * np.repeat(scales, size, axis=1)[:, :codes.shape[1]], axis=0, out=out)
+
+
 def sqnorm(x: Tensor) -> Tensor:
     """Sum of squares of ``x``, accumulated in float64 (0-d)."""
     return np.asarray(np.sum(np.square(x, dtype=np.float64)))

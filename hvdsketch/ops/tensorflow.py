@@ -210,6 +210,22 @@ def bitwise_or_rows(x2d: Tensor) -> Tensor:
 
 # -- residual memory (hvdsketch.memory) ------------------------------------
 
+def bucket_norms(x: Tensor, size: int, order: float) -> Tensor:
+    buckets = tf.reshape(pad(x, -int(x.shape[0]) % size), [-1, size])  # zeros change no norm
+    return tf.norm(buckets, ord={1: 1, 2: "euclidean"}.get(order, np.inf), axis=1)
+
+
+def stochastic_round(x: Tensor, scales: Tensor, size: int, limit: int, seed: int, dtype: str) -> Tensor:
+    y = x * tf.repeat(scales, size)[:int(x.shape[0])]
+    return tf.cast(tf.clip_by_value(tf.floor(y + uniform(int(x.shape[0]), seed, y)), -limit, limit), dtype)
+
+
+def scaled_sum(codes: Tensor, scales: Tensor, size: int, out: Tensor | None = None) -> Tensor:
+    _immutable(out)
+    per_entry = tf.repeat(scales, size, axis=1)[:, :int(codes.shape[1])]
+    return tf.reduce_sum(tf.cast(codes, scales.dtype) * per_entry, axis=0)
+
+
 def sqnorm(x: Tensor) -> Tensor:
     """Sum of squares of ``x``, accumulated in float64 (0-d)."""
     return tf.reduce_sum(tf.square(tf.cast(x, tf.float64)))

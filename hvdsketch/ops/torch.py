@@ -6,6 +6,7 @@ through pinned memory, asynchronously.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -273,6 +274,26 @@ def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
     return idx
 
 
+def bucket_norms(x: Tensor, size: int, order: float) -> Tensor:
+    """Norms of the whole buckets as a matrix and of the shorter last one apart (no padded copy);
+    the infinity norm as the larger of ``max`` and ``-min`` (no ``|x|`` temporary: a pass each)."""
+    whole = x.shape[0] - x.shape[0] % size
+    parts = [x[:whole].reshape(-1, size), x[whole:].reshape(1, -1)] if whole < x.shape[0] else [x.reshape(-1, size)]
+    if order != math.inf:
+        return torch.cat([torch.linalg.vector_norm(p, ord=order, dim=1) for p in parts])
+    return torch.cat([torch.maximum(p.amax(dim=1), p.amin(dim=1).neg()) for p in parts])
+
+
+def stochastic_round(x: Tensor, scales: Tensor, size: int, limit: int, seed: int, dtype: str) -> Tensor:
+    """:func:`hvdsketch.ops.torch_host.stochastic_round`, in blocks on the host, as one on a device."""
+    return torch_host.stochastic_round(x, scales, size, limit, seed, _DTYPES[dtype])
+
+
+def scaled_sum(codes: Tensor, scales: Tensor, size: int, out: Tensor | None = None) -> Tensor:
+    """:func:`hvdsketch.ops.torch_host.scaled_sum`, in blocks on the host, as one on a device."""
+    return torch_host.scaled_sum(codes, scales, size, out)
+
+
 def reduce_sum(x: Tensor, axis: int | None = None) -> Tensor:
     return x.sum() if axis is None else x.sum(dim=axis)
 
@@ -328,12 +349,16 @@ def _bit_shifts(like: Tensor) -> Tensor:
 def pack_bits(mask: Tensor) -> Tensor:
     """The truth values of the 1-D ``mask`` as uint8, 8 per byte, first in the highest bit,
     the last byte padded with zeros."""
+    if mask.device.type == "cpu":  # NumPy's packbits: one pass, no temporaries
+        return torch.from_numpy(np.packbits(mask.numpy()))
     bits = pad(mask.to(torch.uint8), -mask.shape[0] % 8).reshape(-1, 8)
     return (bits << _bit_shifts(mask)).sum(dim=1, dtype=torch.uint8)
 
 
 def unpack_bits(bits: Tensor) -> Tensor:
     """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""
+    if bits.device.type == "cpu":
+        return torch.from_numpy(np.unpackbits(bits.numpy()))
     return ((bits[:, None] >> _bit_shifts(bits)) & 1).reshape(-1)
 
 

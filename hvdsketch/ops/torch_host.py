@@ -11,7 +11,7 @@ is read from memory once and nothing of its size is made but the result.
 
 On an accelerator the caching allocator reuses memory and the whole-tensor
 calls are the fast ones: :mod:`hvdsketch.ops.torch` calls these only for
-tensors on the CPU.
+tensors on the CPU, or (the quantizers' kernels) as one block on a device.
 """
 from __future__ import annotations
 
@@ -93,3 +93,67 @@ def _zeros(nonzero: torch.Tensor, count: int) -> torch.Tensor:
     free = torch.ones(span, dtype=torch.bool, device=nonzero.device)
     free[nonzero[nonzero < span]] = False
     return torch.nonzero(free).reshape(-1)[:count]
+
+
+# -- stochastic rounding ----------------------------------------------------------------------
+
+def _block(x: torch.Tensor) -> int:
+    """Entries per block: :data:`BLOCK` on the host, all of them on a device (its allocator reuses memory)."""
+    return BLOCK if x.device.type == "cpu" else max(1, x.shape[-1])
+
+
+def _spans(n: int, size: int, block: int) -> list[tuple[int, int, int, int]]:
+    """Blocks ``(start, stop, rows, width)`` of at most ``block`` entries (or one bucket where it is
+    longer), each ``rows`` whole buckets of ``width = size`` or a part of one bucket (``rows = 1``),
+    so a block is the matrix ``x[start:stop].view(rows, width)`` and its scales a column."""
+    if size > block:
+        return [(a, min(a + block, start + size, n), 1, min(a + block, start + size, n) - a)
+                for start in range(0, n, size) for a in range(start, min(start + size, n), block)]
+    step, whole = block // size * size, n - n % size
+    spans = [(a, min(a + step, whole), (min(a + step, whole) - a) // size, size) for a in range(0, whole, step)]
+    return spans + ([(whole, n, 1, n - whole)] if whole < n else [])
+
+
+def _scales(scales: torch.Tensor, size: int, start: int, rows: int) -> torch.Tensor:
+    """The scales of the ``rows`` buckets from the one holding entry ``start``, as a column."""
+    return scales[..., start // size:start // size + rows, None]
+
+
+def stochastic_round(x: torch.Tensor, scales: torch.Tensor, size: int, limit: int, seed: int,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """``floor(x_i * scales[i // size] + u_i)`` clipped to ``[-limit, limit]``, as ``dtype``.
+
+    Each ``u_i`` is 16 random bits, ``(r + 0.5) / 2^16``, four of them from each int64 that
+    ``Tensor.random_`` draws over the whole int64 range: a quarter of the generator's work of
+    ``torch.rand``, whose float32 draws take one call each.
+    Per block: the draws into one float buffer, then ``addcmul``, ``floor`` and ``clamp`` in place and
+    the cast into the result, so the data and the buffer pass through cache, not memory.
+    """
+    n = x.shape[0]
+    block = _block(x)
+    generator = torch.Generator(device=x.device).manual_seed(seed)
+    words = torch.empty(-(-min(block, n) // 4), dtype=torch.int64, device=x.device)
+    y = torch.empty(4 * words.shape[0], dtype=x.dtype, device=x.device)
+    out = torch.empty(n, dtype=dtype, device=x.device)
+    for a, b, rows, width in _spans(n, size, block):
+        m = -(-(b - a) // 4)
+        bits = words[:m].random_(-2**63, 2**63 - 1, generator=generator).view(torch.int16)
+        u = y[:4 * m].copy_(bits)[:b - a].view(rows, width)
+        u.add_(32768.5).mul_(1 / 65536)
+        u.addcmul_(x[a:b].view(rows, width), _scales(scales, size, a, rows)).floor_().clamp_(-limit, limit)
+        out[a:b].view(rows, width).copy_(u)
+    return out
+
+
+def scaled_sum(codes: torch.Tensor, scales: torch.Tensor, size: int, out: torch.Tensor | None) -> torch.Tensor:
+    """``sum_r codes[r, i] * scales[r, i // size]``: per block, each rank's codes times their scales
+    added into the result's own memory (``out``, or new), never a float copy of all the codes."""
+    n = codes.shape[1]
+    if out is None:
+        out = torch.empty(n, dtype=scales.dtype, device=codes.device)
+    for a, b, rows, width in _spans(n, size, _block(codes)):
+        total, column = out[a:b].view(rows, width), _scales(scales, size, a, rows)
+        torch.mul(codes[0, a:b].view(rows, width), column[0], out=total)
+        for r in range(1, codes.shape[0]):
+            total.addcmul_(codes[r, a:b].view(rows, width), column[r])
+    return out

@@ -125,3 +125,65 @@ def _tensor(backend, a):
     import tensorflow as tf
 
     return tf.constant(a)
+
+
+#: Lengths around the PyTorch host kernels' block (several blocks, a ragged end) and bucket sizes below,
+#: across and above it (one bucket spanning blocks, a last bucket shorter than the others).
+ROUNDING_CASES = [(1000, 7), (1000, 1000), (2 * 2**18 + 999, 512), (2 * 2**18 + 999, 2**18 + 3), (2**18 + 5, 2**18 + 5)]
+
+
+@pytest.mark.parametrize("n,size", ROUNDING_CASES)
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_bucket_norms_are_each_runs_norms(backend, n, size):
+    import numpy as np
+
+    ops = BACKENDS[backend]
+    x = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    buckets = [x[a:a + size].astype(np.float64) for a in range(0, n, size)]
+    for order, expected in ((1, [np.abs(b).sum() for b in buckets]), (2, [np.sqrt((b * b).sum()) for b in buckets]),
+                            (np.inf, [np.abs(b).max() for b in buckets])):
+        got = ops.to_numpy(ops.bucket_norms(_tensor(backend, x), size, order))
+        np.testing.assert_allclose(got, expected, rtol=1e-4, err_msg=str(order))
+
+
+@pytest.mark.parametrize("n,size", ROUNDING_CASES)
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_stochastic_rounding_is_unbiased_within_its_limit_and_a_function_of_its_seed(backend, n, size):
+    import numpy as np
+
+    ops = BACKENDS[backend]
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-1, 1, n).astype(np.float32)
+    scales = rng.uniform(1, 3, -(-n // size)).astype(np.float32)
+    y = x * np.repeat(scales, size)[:n]
+    draws = [ops.to_numpy(ops.stochastic_round(_tensor(backend, x), _tensor(backend, scales), size, 2, seed, "int8"))
+             for seed in range(40)]
+    assert all(d.dtype == np.int8 and d.shape == (n,) for d in draws)
+    assert all(np.array_equal(d, np.floor(y) + (d > np.floor(y))) for d in draws)  # one of the two neighbours...
+    assert min(d.min() for d in draws) >= -2 and max(d.max() for d in draws) <= 2  # ... clipped to the limit
+    clipped = np.clip(y, -2, 2)
+    mean = np.mean(draws, axis=0)
+    # the mean of 40 draws of a coordinate has a standard deviation of at most 0.5 / sqrt(40) = 0.079;
+    # over all coordinates the mean error is far smaller: 0.5 / sqrt(40 n)
+    assert abs(np.mean(mean - clipped)) < 5 * 0.5 / np.sqrt(40 * n)
+    assert np.max(np.abs(mean - clipped)) < 0.8
+    again = ops.to_numpy(ops.stochastic_round(_tensor(backend, x), _tensor(backend, scales), size, 2, 0, "int8"))
+    assert np.array_equal(again, draws[0]) and not np.array_equal(draws[0], draws[1])
+
+
+@pytest.mark.parametrize("n,size", ROUNDING_CASES)
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_scaled_sum_adds_each_ranks_codes_times_their_scales(backend, n, size):
+    import numpy as np
+
+    ops = BACKENDS[backend]
+    rng = np.random.default_rng(3)
+    codes = rng.integers(-127, 128, (3, n)).astype(np.int8)
+    scales = rng.uniform(-1, 1, (3, -(-n // size))).astype(np.float32)
+    expected = (codes * np.repeat(scales, size, axis=1)[:, :n].astype(np.float64)).sum(axis=0)
+    got = ops.scaled_sum(_tensor(backend, codes), _tensor(backend, scales), size)
+    np.testing.assert_allclose(ops.to_numpy(got), expected, rtol=1e-5, atol=1e-4)
+    if backend != "tensorflow":
+        out = ops.zeros(n, "float32", _tensor(backend, scales)) + 7
+        assert ops.scaled_sum(_tensor(backend, codes), _tensor(backend, scales), size, out) is out
+        np.testing.assert_allclose(ops.to_numpy(out), expected, rtol=1e-5, atol=1e-4)
