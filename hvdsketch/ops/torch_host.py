@@ -62,9 +62,9 @@ def topk_abs(x: torch.Tensor, k: int) -> torch.Tensor:
 
     A threshold is read off a sample of ``x`` (``s`` entries in runs of :data:`RUN` at positions
     drawn with a fixed seed, ``s`` chosen so that about 128 of them are above the k-th largest, at
-    most ``n / 64``), lowered by three
-    standard deviations of that count so that at least ``k`` entries reach it; one pass then finds
-    those (about ``1.3 k``), and ``torch.topk`` of them gives the exact top-k. Where the threshold
+    most ``n / 64``), lowered by three standard deviations of that count so that at least ``k``
+    entries reach it; one pass then finds those (about ``1.3 k``), and ``torch.topk`` of them gives
+    the exact top-k. Where the threshold
     is 0 (more than ``n - k`` zeros), or the sample misjudged and fewer than ``k`` reach it, the
     top-k of the non-zeros is taken instead, and zeros fill it up to ``k``.
     """
@@ -133,7 +133,8 @@ def stochastic_round(x: torch.Tensor, scales: torch.Tensor, size: int, limit: in
     block = _block(x)
     generator = torch.Generator(device=x.device).manual_seed(seed)
     words = torch.empty(-(-min(block, n) // 4), dtype=torch.int64, device=x.device)
-    y = torch.empty(4 * words.shape[0], dtype=x.dtype, device=x.device)
+    # float32 at least: in float16, (r + 32768.5) / 2^16 would round to multiples of 2^-11, and up to 1
+    y = torch.empty(4 * words.shape[0], dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
     out = torch.empty(n, dtype=dtype, device=x.device)
     for a, b, rows, width in _spans(n, size, block):
         m = -(-(b - a) // 4)
