@@ -222,7 +222,7 @@ def stochastic_round(x: Tensor, scales: Tensor, size: int, limit: int, seed: int
 
 def scaled_sum(codes: Tensor, scales: Tensor, size: int, out: Tensor | None = None) -> Tensor:
     _immutable(out)
-    per_entry = tf.repeat(scales, size, axis=1)[:, :int(codes.shape[1])]
+    per_entry = tf.repeat(scales, size, axis=1)[:, :tf.shape(codes)[1]]  # allgathered: known at run time
     return tf.reduce_sum(tf.cast(codes, scales.dtype) * per_entry, axis=0)
 
 
