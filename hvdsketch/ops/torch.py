@@ -261,17 +261,13 @@ def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
     """int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``; if more than
     ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any). NaN qualifies
     and ranks largest (as in top-k), so a non-finite input always reaches the collective."""
-    if x.device.type == "cpu":
-        level = float(threshold)
-        if not level > 0:  # every entry qualifies
-            return torch_host.topk_abs(x, limit)
-        idx = torch_host.reaching(x, level)
-        return idx if idx.shape[0] <= limit else idx[torch_host.topk_abs(x[idx], limit)]
-    magnitude = x.abs()
-    idx = torch.nonzero(~(magnitude < threshold)).reshape(-1)
-    if idx.shape[0] > limit:
-        idx = idx[torch.topk(magnitude[idx], limit, sorted=False).indices]
-    return idx
+    if x.device.type != "cpu":
+        idx = torch.nonzero(~(x.abs() < threshold)).reshape(-1)
+    elif float(threshold) > 0:
+        idx = torch_host.reaching(x, float(threshold))
+    else:  # every entry qualifies
+        return topk_abs(x, limit)
+    return idx if idx.shape[0] <= limit else idx[topk_abs(x[idx], limit)]
 
 
 def bucket_norms(x: Tensor, size: int, order: float) -> Tensor:

@@ -16,6 +16,7 @@ tensors on the CPU, or (the quantizers' kernels) as one block on a device.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -28,28 +29,28 @@ SAMPLED_MIN = 1 << 16
 RUN = 16
 
 
-def _starts(n: int) -> range:
-    return range(0, n, BLOCK)
+def _indices(x: torch.Tensor, mark: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """int64 indices of the entries of the vector ``x`` that ``mark(block, into)`` marks true, block by
+    block (``mark`` writes a block's truths into the bool buffer ``into`` and returns it)."""
+    n = x.shape[0]
+    into = torch.empty(min(BLOCK, n), dtype=torch.bool, device=x.device)
+    return torch.cat([torch.nonzero(mark(x[a:a + BLOCK], into[:min(BLOCK, n - a)])).reshape(-1) + a
+                      for a in range(0, n, BLOCK)])
 
 
 def reaching(x: torch.Tensor, threshold: float) -> torch.Tensor:
     """int64 indices of the entries of the vector ``x`` with ``|x| >= threshold`` (> 0), NaN included."""
     magnitude = torch.empty(min(BLOCK, x.shape[0]), dtype=x.dtype, device=x.device)
-    below = torch.empty(magnitude.shape, dtype=torch.bool, device=x.device)
-    found = []
-    for start in _starts(x.shape[0]):
-        block = x[start:start + BLOCK]
-        m, b = magnitude[:block.shape[0]], below[:block.shape[0]]
-        torch.lt(torch.abs(block, out=m), threshold, out=b)
-        found.append(torch.nonzero(b.logical_not_()).reshape(-1) + start)
-    return torch.cat(found)
+
+    def mark(block: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+        return torch.lt(torch.abs(block, out=magnitude[:block.shape[0]]), threshold, out=into).logical_not_()
+
+    return _indices(x, mark)
 
 
 def _nonzero(x: torch.Tensor) -> torch.Tensor:
     """int64 indices of the non-zero entries of the vector ``x``, NaN included."""
-    mask = torch.empty(min(BLOCK, x.shape[0]), dtype=torch.bool, device=x.device)
-    return torch.cat([torch.nonzero(torch.ne(x[s:s + BLOCK], 0, out=mask[:min(BLOCK, x.shape[0] - s)])).reshape(-1) + s
-                      for s in _starts(x.shape[0])])
+    return _indices(x, lambda block, into: torch.ne(block, 0, out=into))
 
 
 def _largest(x: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:
