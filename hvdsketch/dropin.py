@@ -26,7 +26,8 @@ object infers both, alike on every rank: a step is a run of ``compress`` calls
 ``k``-th tensor of a shape is named ``shape(...)#k`` (ranks produce their
 gradients of one shape in the same order). So hash seeds change every step and
 tensors of one shape keep their own state (the sketch's planned size: an
-embedding and an output layer of one shape are sized apart). Inside
+embedding and an output layer of one shape are sized apart), in the object's
+:class:`~hvdsketch.compress.state.StateTable`. Inside
 ``tf.function`` the call is traced once, so the traced graph keeps the plan of
 its tracing, and its hashes are those of step 0 whenever it is traced: a trace
 is no step, so a rank that traces again alone (a smaller last batch) builds the
@@ -41,6 +42,7 @@ from typing import Any
 from hvdsketch import spec as _spec
 from hvdsketch.compress import REGISTRY, Compressor, TensorContext, create
 from hvdsketch.compress.flight import Flight
+from hvdsketch.compress.state import StateTable
 from hvdsketch.compress.support import is_passthrough
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
 from hvdsketch.ops import backend
@@ -81,6 +83,7 @@ class DropInCompression:
         self.step = 0
         self._of_shape: dict[tuple[int, ...], int] = {}  # shape -> tensors of it compressed this step
         self._decompressed = False  # since the last compress: the next compress starts a step
+        self.states = StateTable()  # each tensor's compressor state, by inferred name
         self._sent = 0  # payload bytes counted in Python
         self._dense = 0  # their dense equivalent
 
@@ -98,8 +101,10 @@ class DropInCompression:
         given, carried = tensor, CARRIED_AS.get(ops.dtype_name(tensor))
         if carried:
             tensor = ops.cast(tensor, carried)
-        ctx = TensorContext(name=f"shape{shape}#{k}", shape=shape, step=0 if traced else self.step)
-        flight = Flight(self.compressor, tensor, ctx)
+        name = f"shape{shape}#{k}"
+        ctx = TensorContext(name, shape, 0 if traced else self.step,
+                            state=self.states.get(name, self.compressor) if traced else None)
+        flight = Flight(self.compressor, tensor, ctx, states=None if traced else self.states)
         (message,) = flight.messages
         payload = message.tensor
         dtype = ops.dtype_name(payload)

@@ -19,6 +19,7 @@ from hvdsketch.collectives import reduce
 from hvdsketch.compress import Compressor, TensorContext, create
 from hvdsketch.compress.base import Message
 from hvdsketch.compress.flight import Flight
+from hvdsketch.compress.state import StateTable
 from hvdsketch.exchange import Exchanger
 from hvdsketch.memory import Memory
 from hvdsketch.ops import backend
@@ -99,18 +100,22 @@ class Given(Policy):
 
 
 def exchanger(communicator: Any, compressors: dict[str, Compressor], memory: Any = None,
-              step: int = 0) -> Exchanger:
-    """An exchanger over ``communicator`` giving each named tensor its compressor, at ``step``."""
+              step: int = 0, states: StateTable | None = None) -> Exchanger:
+    """An exchanger over ``communicator`` giving each named tensor its compressor, at ``step``, with
+    the tensors' states in ``states`` where given (a table kept across exchangers)."""
     out = Exchanger(Given(compressors), communicator, memory)
     out.step = step
+    if states is not None:
+        out.states = states
     return out
 
 
 def exchange_jobs(communicator: Any, jobs: Sequence[tuple[Compressor, Any, TensorContext]],
-                  memory: Any = None) -> list[Any]:
-    """The averaged ``(compressor, tensor, ctx)`` jobs, in order, exchanged as one step."""
-    results = exchanger(communicator, {ctx.name: c for c, _, ctx in jobs}, memory, jobs[0][2].step).exchange(
-        {ctx.name: t for _, t, ctx in jobs})
+                  memory: Any = None, states: StateTable | None = None) -> list[Any]:
+    """The averaged ``(compressor, tensor, ctx)`` jobs, in order, exchanged as one step (the tensors'
+    states from ``states`` and back, where given)."""
+    results = exchanger(communicator, {ctx.name: c for c, _, ctx in jobs}, memory, jobs[0][2].step,
+                        states).exchange({ctx.name: t for _, t, ctx in jobs})
     return [results[ctx.name] for _, _, ctx in jobs]
 
 
@@ -174,11 +179,13 @@ def lockstep(flights: Sequence[Flight], reduce: Callable[[list[list[Message]]], 
 def simulate(case: Case, size: int, convert: Callable[[np.ndarray], Any], steps: int = STEPS,
              name: str = NAME) -> list[list[Any]]:
     """``results[t][r]``: rank ``r``'s result at step ``t``, every rank running its own compressor, with
-    its own residual memory where the exchanger would keep one (the case's, or the method's own)."""
-    compressors = [create(case.flag) for _ in range(size)]
-    memories = [Memory() if case.memory or c.feedback else None for c in compressors]
-    return [lockstep([Flight(c, convert(gradient(r, t, case)), TensorContext(name, case.shape, t, size, r),
-                             memories[r]) for r, c in enumerate(compressors)])[1]
+    its own residual memory where the exchanger would keep one (the case's, or the method's own) and its
+    own state table."""
+    compressor = create(case.flag)
+    memories = [Memory() if case.memory or compressor.feedback else None for _ in range(size)]
+    tables = [StateTable() for _ in range(size)]
+    return [lockstep([Flight(compressor, convert(gradient(r, t, case)), TensorContext(name, case.shape, t, size, r),
+                             memories[r], tables[r]) for r in range(size)])[1]
             for t in range(steps)]
 
 

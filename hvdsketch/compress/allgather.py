@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 
 from hvdsketch.compress import sizing
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
-from hvdsketch.compress.state import private_state
 from hvdsketch.compress.support import Layout, RowSparse, count_units, from_units, units_of, values_of
 from hvdsketch.ops import backend
 
@@ -66,11 +65,11 @@ class Allgather(Compressor):
 
     name: ClassVar[str] = "allgather"
     row_sparse: ClassVar[bool] = True
+    State: ClassVar[type] = sizing.LatchState
 
     wire: str | None = None
     block: int = 256
     recheck: int = 16
-    _dense_for: dict = private_state()  # tensor name -> exchanges left that go dense at once
 
     def __post_init__(self) -> None:
         sizing.check_wire(self.wire)
@@ -88,18 +87,19 @@ class Allgather(Compressor):
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
         """One round (two allgathers, or the dense allreduce while latched); then the state learns
         whether the next exchanges go dense."""
-        dense, learn = sizing.latched(self._dense_for, ctx.name)
-        messages, state = self.compress(tensor, ctx, dense)
-        reduced = yield Round(messages, lambda: self.residual(tensor, messages, state, ctx))
-        result = self.decompress(reduced, state, ctx)
+        dense_for = ctx.state.dense_for
+        dense, learn = sizing.latched(dense_for)
+        messages, gathered = self.compress(tensor, ctx, dense)
+        reduced = yield Round(messages, lambda: self.residual(tensor, messages, gathered, ctx))
+        result = self.decompress(reduced, gathered, ctx)
         ops = backend(values_of(result))
+        count = None
         if not ops.is_symbolic(reduced[0]):
             # gathered units; after a dense exchange, at most every rank's all of the union it shows
-            count = (ops.shape(reduced[0])[0] if state.units is not None else
-                     ctx.world_size * count_units(result, state.layout) if learn else None)
-            sizing.release(self._dense_for, ctx.name,
-                           count is not None and self.cheaper_dense(state.layout, count, state.dtype), self.recheck)
-        return result
+            count = (ops.shape(reduced[0])[0] if gathered.units is not None else
+                     ctx.world_size * count_units(result, gathered.layout) if learn else None)
+        dense_next = count is not None and self.cheaper_dense(gathered.layout, count, gathered.dtype)
+        return result, sizing.LatchState(sizing.release(dense_for, dense_next, self.recheck))
 
     def compress(self, tensor: Any, ctx: TensorContext, dense: bool = False) -> tuple[list[Message], Gathered]:
         """The units' indices and values to allgather, or (``dense``) the dense tensor to average."""
@@ -115,16 +115,17 @@ class Allgather(Compressor):
         return ([Message(ops.cast(units, index_dtype(layout)), "allgather"), Message(sent, "allgather")],
                 Gathered(layout, row_sparse, dtype, units, unit_values, sent))
 
-    def residual(self, tensor: Any, messages: Any, state: Gathered, ctx: TensorContext) -> Any:
+    def residual(self, tensor: Any, messages: Any, gathered: Gathered, ctx: TensorContext) -> Any:
         """Nothing, but what a narrower wire format rounded off."""
-        if state.units is None or (self.wire or state.dtype) == state.dtype:
+        if gathered.units is None or (self.wire or gathered.dtype) == gathered.dtype:
             return None
-        return lossy_residual(backend(state.values), state.layout, state.units, state.values, state.sent, ctx.shape)
+        return lossy_residual(backend(gathered.values), gathered.layout, gathered.units, gathered.values,
+                              gathered.sent, ctx.shape)
 
-    def decompress(self, reduced: Any, state: Gathered, ctx: TensorContext) -> Any:
+    def decompress(self, reduced: Any, gathered: Gathered, ctx: TensorContext) -> Any:
         """The gathered units coalesced (a unit several ranks hold, summed in rank order) over N."""
         ops = backend(reduced[-1])
-        if state.units is None:
+        if gathered.units is None:
             return ops.reshape(reduced[0], ctx.shape)
-        rows, summed = ops.coalesce_rows(reduced[0], ops.cast(reduced[1], state.dtype))
-        return from_units(ops, state.layout, rows, summed / ctx.world_size, ctx.shape, state.row_sparse, ctx.out)
+        rows, summed = ops.coalesce_rows(reduced[0], ops.cast(reduced[1], gathered.dtype))
+        return from_units(ops, gathered.layout, rows, summed / ctx.world_size, ctx.shape, gathered.row_sparse, ctx.out)

@@ -5,7 +5,7 @@ to read what comes back; a communicator (:mod:`hvdsketch.collectives`) moves
 the messages, and the exchanger (:mod:`hvdsketch.exchange`) runs error
 feedback around it, in one place for every method::
 
-    g = compressor.prepare(g, ctx)             # DGC: clipping and momentum; others: g
+    g, ctx = compressor.prepare(g, ctx)        # DGC: clipping and momentum; others: g
     g = memory.compensate(name, g)             # g + e
     rounds = compressor.exchange(g, ctx)       # the round generator below
     ... round.residual() -> memory.update(name, ...)
@@ -15,23 +15,25 @@ and the union methods need two, so the contract is a generator that yields a
 :class:`Round` of messages at a time and receives their reductions::
 
     def exchange(self, tensor, ctx):
-        messages, state = self.compress(tensor, ctx)
-        reduced = yield Round(messages, residual=lambda: self.residual(tensor, messages, state, ctx))
-        return self.decompress(reduced, state, ctx)
+        messages, local = self.compress(tensor, ctx)
+        reduced = yield Round(messages, residual=lambda: self.residual(tensor, messages, local, ctx))
+        return self.decompress(reduced, local, ctx), ctx.state
 
 The round whose messages settle what this rank sends carries ``residual``:
 what those messages leave out of the tensor the exchange was given, computed
-only when a residual memory keeps that tensor.
+only when a residual memory keeps that tensor. The exchange returns the
+averaged tensor and the tensor's next state record: compressors are stateless
+values, and what a method remembers between steps (``State``) travels in the
+context and back (:mod:`hvdsketch.compress.state`).
 """
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Generator, Literal, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Generator, Literal, Sequence
 
 from hvdsketch import spec as _spec
-from hvdsketch.compress.state import Convert, export_state, import_state
 from hvdsketch.compress.support import RowSparse
 
 Op = Literal["average", "sum", "max", "allgather", "bor", "alltoall"]
@@ -69,7 +71,8 @@ class Round:
     residual: Callable[[], Any] | None = None
 
 
-Exchange = Generator[Round, "list[Any]", Any]
+#: An exchange: yields rounds, receives their reductions, returns ``(averaged tensor, next state)``.
+Exchange = Generator[Round, "list[Any]", "tuple[Any, Any]"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,10 @@ class TensorContext:
     #: own), or ``None`` for a new tensor (TensorFlow). A decompress that makes a dense result writes
     #: into it (ops' ``out=``); the flight copies any other dense result there.
     out: Any = None
+    #: The compressor's state record of this tensor as the last exchange left it (its ``State``;
+    #: ``None`` for a method without state). A flight gives a stateful method its initial record
+    #: where the caller gives none.
+    state: Any = None
 
 
 class Compressor(ABC):
@@ -105,49 +112,48 @@ class Compressor(ABC):
     #: (``balanced``'s splits), so it cannot be traced into a graph: TensorFlow runs it as one Python
     #: op inside ``tf.function``.
     host_sized: ClassVar[bool] = False
+    #: The frozen record of what the method remembers of a tensor between steps, or ``None``.
+    State: ClassVar[type | None] = None
+
+    def initial_state(self) -> Any:
+        """A tensor's record before its first exchange (``None`` for a method without state)."""
+        return None if self.State is None else self.State()
 
     def one_message(self) -> "Compressor":
         """This method in the form whose exchange is one averaged message (:attr:`drop_in`), for
         Horovod's ``compression=``; itself when it is that already (or has no such form)."""
         return self
 
-    def prepare(self, tensor: Any, ctx: TensorContext) -> Any:
-        """The tensor that error feedback compensates: the gradient itself, except for methods
-        that transform it first (DGC's clipping and momentum correction)."""
-        return tensor
+    def prepare(self, tensor: Any, ctx: TensorContext) -> tuple[Any, TensorContext]:
+        """The tensor that error feedback compensates and the context the exchange runs in: the
+        gradient and ``ctx`` themselves, except for methods that transform the gradient first (DGC's
+        clipping and momentum correction, whose momentum the context's state then carries)."""
+        return tensor, ctx
 
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
-        """Yield each round's messages, receive their reductions, return the averaged tensor."""
-        messages, state = self.compress(tensor, ctx)
-        reduced = yield Round(messages, lambda: self.residual(tensor, messages, state, ctx))
-        return self.decompress(reduced, state, ctx)
+        """Yield each round's messages, receive their reductions, return the averaged tensor and the
+        tensor's next state (here: ``ctx.state`` unchanged)."""
+        messages, local = self.compress(tensor, ctx)
+        reduced = yield Round(messages, lambda: self.residual(tensor, messages, local, ctx))
+        return self.decompress(reduced, local, ctx), ctx.state
 
-    def residual(self, tensor: Any, messages: Sequence[Message], state: Any, ctx: TensorContext) -> Any:
+    def residual(self, tensor: Any, messages: Sequence[Message], local: Any, ctx: TensorContext) -> Any:
         """What ``messages`` leave out of ``tensor``: ``tensor - estimate``, dense (``None``: nothing)."""
         if isinstance(tensor, RowSparse):  # the estimate is dense
             tensor = tensor.to_dense()
-        return tensor - self.estimate(messages, state, ctx)
+        return tensor - self.estimate(messages, local, ctx)
 
-    def estimate(self, messages: Sequence[Message], state: Any, ctx: TensorContext) -> Any:
+    def estimate(self, messages: Sequence[Message], local: Any, ctx: TensorContext) -> Any:
         """What this rank's own messages carry, as a dense tensor: the reduction over one rank."""
-        return self.decompress([m.tensor for m in messages], state, dataclasses.replace(ctx, world_size=1, out=None))
+        return self.decompress([m.tensor for m in messages], local, dataclasses.replace(ctx, world_size=1, out=None))
 
     @abstractmethod
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
-        """The messages to send for ``tensor`` and the local state to decompress with."""
+        """The messages to send for ``tensor`` and what this rank keeps to decompress with."""
 
     @abstractmethod
-    def decompress(self, reduced: Sequence[Any], state: Any, ctx: TensorContext) -> Any:
+    def decompress(self, reduced: Sequence[Any], local: Any, ctx: TensorContext) -> Any:
         """The averaged dense tensor from the reduced messages."""
-
-    def state_dict(self) -> dict[str, dict[str, Any]]:
-        """Per-tensor state kept between steps (PowerSGD's Q, DGC's velocity), as numpy arrays by
-        field and tensor name; empty for stateless methods."""
-        return export_state(self)
-
-    def load_state_dict(self, state: Mapping[str, Mapping[str, Any]], convert: Convert) -> None:
-        """Restore :meth:`state_dict`; ``convert(name, array)`` makes the back-end tensor of each array."""
-        import_state(self, state, convert)
 
     def __str__(self) -> str:
         return _spec.render(self)

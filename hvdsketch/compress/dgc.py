@@ -2,14 +2,22 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds, sparse
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
-from hvdsketch.compress.state import private_state, require_eager
+from hvdsketch.compress.state import require_eager
 from hvdsketch.ops import backend
+
+
+@dataclass(frozen=True)
+class DGCState:
+    """What DGC remembers of a tensor between steps."""
+
+    #: The momentum-corrected gradient ``u`` (masked where sent); ``None`` before the first step.
+    velocity: Any = None
 
 
 @dataclass(frozen=True)
@@ -29,7 +37,8 @@ class DeepGradientCompression(Compressor):
     (:mod:`hvdsketch.compress.sparse`), so counts may differ by rank. Momentum is
     applied here (:meth:`prepare`, before error feedback): step with plain SGD. ``v``
     is error feedback, part of the method (``feedback``): the exchanger keeps it in the
-    user's residual memory, or in float32 when none is given; ``u`` is the compressor's own. The threshold sample is drawn with replacement from a
+    user's residual memory, or in float32 when none is given; ``u`` is the tensor's state
+    (:class:`DGCState`). The threshold sample is drawn with replacement from a
     seed mixed from ``seed``, the name and the step; ``sample=1`` uses the whole tensor
     (exact threshold), so ``ratio=1,sample=1`` sends everything. The paper's
     warm-up (sparsity raised over the first epochs) is a schedule of ``ratio``
@@ -47,13 +56,13 @@ class DeepGradientCompression(Compressor):
 
     name: ClassVar[str] = "dgc"
     feedback: ClassVar[bool] = True
+    State: ClassVar[type] = DGCState
 
     ratio: float = 0.01
     momentum: float = 0.9
     clip: float | None = None
     sample: float = 0.01
     seed: int = 0
-    _velocity: dict = private_state()
 
     def __post_init__(self) -> None:
         sparse.check_fraction("ratio", self.ratio)
@@ -63,27 +72,29 @@ class DeepGradientCompression(Compressor):
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"clip must be > 0 or none, got {self.clip}")
 
-    def prepare(self, tensor: Any, ctx: TensorContext) -> Any:
-        """``u_t = m u_{t-1} + clip(g)``: the momentum-corrected gradient that error feedback accumulates."""
+    def prepare(self, tensor: Any, ctx: TensorContext) -> tuple[Any, TensorContext]:
+        """``u_t = m u_{t-1} + clip(g)``: the momentum-corrected gradient that error feedback
+        accumulates, kept in the context's state for the exchange to mask."""
         ops = backend(tensor)
         require_eager(ops, tensor, self.name)
         u = self._clipped(ops, tensor, ctx.world_size)
-        if self.momentum and ctx.name in self._velocity:
-            u = self.momentum * self._velocity[ctx.name] + u
-        if self.momentum:
-            self._velocity[ctx.name] = u
-        return u
+        if not self.momentum:
+            return u, ctx
+        if ctx.state.velocity is not None:
+            u = self.momentum * ctx.state.velocity + u
+        return u, replace(ctx, state=DGCState(u))
 
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
         """Send the selection of ``v_t`` (the accumulated ``tensor``), then mask the momentum where sent."""
         messages, indices = self.compress(tensor, ctx)
+        state = ctx.state
         if self.momentum:
             ops = backend(tensor)
-            u = self._velocity[ctx.name]
+            u = state.velocity
             sent = ops.reshape(ops.indicator(math.prod(ctx.shape), indices, ops.dtype_name(u)), ctx.shape)
-            self._velocity[ctx.name] = u - u * sent
+            state = DGCState(u - u * sent)
         reduced = yield Round(messages, lambda: self.residual(tensor, messages, indices, ctx))
-        return self.decompress(reduced, indices, ctx)
+        return self.decompress(reduced, indices, ctx), state
 
     def _clipped(self, ops: ModuleType, g: Any, world_size: int) -> Any:
         if self.clip is None:

@@ -5,16 +5,21 @@ residual the memory holds (``g + e``), and steps the compressor's round
 generator: each :class:`~hvdsketch.compress.Round` of messages goes out, and its
 reduction comes back in. When the round that settles what this rank sends has
 started, the memory keeps what its messages leave out (``e = g + e - C(g + e)``),
-computed while the collective travels. Everything that drives exchanges (the
+computed while the collective travels. When the exchange ends, ``state`` is the
+tensor's next state record, which the driver keeps in its
+:class:`~hvdsketch.compress.state.StateTable` (or drops: a probe, a trace).
+Everything that drives exchanges (the
 exchanger of the optimizers and the tape, Horovod's drop-in path, the planner's
 warm-up, the cost model and the benchmarks) drives them through a flight.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Sequence
 
 from hvdsketch.compress.base import Compressor, Message, Round, TensorContext
+from hvdsketch.compress.state import StateTable
 from hvdsketch.compress.support import RowSparse
 from hvdsketch.ops import backend
 
@@ -24,18 +29,26 @@ class Flight:
 
     ``round`` is the round to send next and ``index`` its number; :meth:`advance` takes that
     round's reduction and moves to the next, until ``done``, when ``result`` holds the averaged
-    tensor (written into ``ctx.out`` when given). ``seconds`` adds up the time spent in the
-    compressor and the memory (the codec), the waiting for collectives excluded.
+    tensor (written into ``ctx.out`` when given) and ``state`` the tensor's next state record
+    (``ctx.state`` is the one it starts from: the compressor's initial record where it is ``None``).
+    ``states``: the table the tensor's record comes from where ``ctx`` gives none, and goes back to
+    when the exchange ends (none: the caller keeps ``state`` or drops it). ``seconds`` adds up the
+    time spent in the compressor and the memory (the codec), the waiting for collectives excluded.
     """
 
-    def __init__(self, compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Any = None) -> None:
+    def __init__(self, compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Any = None,
+                 states: StateTable | None = None) -> None:
         began = time.perf_counter()
-        self.compressor, self.ctx = compressor, ctx
+        if ctx.state is None and compressor.State is not None:
+            ctx = dataclasses.replace(ctx, state=(states.get(ctx.name, compressor) if states is not None
+                                                  else compressor.initial_state()))
+        self.compressor, self._states = compressor, states
         self._memory = memory if memory is not None and memory.keeps(ctx.name) else None
-        tensor = compressor.prepare(tensor, ctx)
+        tensor, self.ctx = compressor.prepare(tensor, ctx)
+        self.state: Any = self.ctx.state
         if self._memory is not None:
             tensor = self._memory.compensate(ctx.name, tensor)
-        self._rounds = compressor.exchange(tensor, ctx)
+        self._rounds = compressor.exchange(tensor, self.ctx)
         self.round: Round = next(self._rounds)
         self.index = 0
         self.done = False
@@ -62,7 +75,10 @@ class Flight:
             self.round = self._rounds.send(list(reduced))
             self.index += 1
         except StopIteration as end:
-            self.result, self.done = _written(end.value, self.ctx.out), True
+            result, self.state = end.value
+            self.result, self.done = _written(result, self.ctx.out), True
+            if self._states is not None:
+                self._states.put(self.ctx.name, self.compressor, self.state)
         self.seconds += time.perf_counter() - began
         return self.done
 
@@ -75,11 +91,13 @@ def _written(result: Any, out: Any) -> Any:
     return backend(result).into(out, result)
 
 
-def run_local(compressor: Compressor, tensor: Any, ctx: TensorContext,
-              memory: Any = None) -> tuple[Any, list[list[Message]]]:
+def run_local(compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Any = None,
+              states: StateTable | None = None) -> tuple[Any, list[list[Message]]]:
     """The whole exchange over this rank alone (each round's reduction over one rank is its own
-    messages): the result and every round's messages. For measuring codecs and warming up memory."""
-    flight = Flight(compressor, tensor, ctx, memory)
+    messages): the result and every round's messages. For measuring codecs and warming up memory.
+    ``states``: the table the tensor's state comes from and goes back to (none: the initial state,
+    dropped after)."""
+    flight = Flight(compressor, tensor, ctx, memory, states)
     rounds = []
     while not flight.done:
         rounds.append(flight.messages)

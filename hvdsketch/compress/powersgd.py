@@ -7,8 +7,17 @@ from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
-from hvdsketch.compress.state import private_state, require_eager
+from hvdsketch.compress.state import require_eager
 from hvdsketch.ops import backend
+
+
+@dataclass(frozen=True)
+class PowerSGDState:
+    """What PowerSGD remembers of a tensor between steps."""
+
+    #: The last step's averaged ``Q`` (``m x r``), the next step's warm start; ``None`` before the
+    #: first exchange and with ``warm_start=false`` (every step draws its own).
+    q: Any = None
 
 
 @dataclass(frozen=True)
@@ -43,11 +52,11 @@ class PowerSGD(Compressor):
 
     name: ClassVar[str] = "powersgd"
     feedback: ClassVar[bool] = True
+    State: ClassVar[type] = PowerSGDState
 
     rank: int = 1
     seed: int = 0
     warm_start: bool = True
-    _q: dict = private_state()
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -68,9 +77,7 @@ class PowerSGD(Compressor):
         p = yield Round(messages)
         messages, p_hat = self.project(p, matrix)
         q = yield Round(messages, lambda: self.residual(tensor, messages, p_hat, ctx))
-        if self.warm_start:
-            self._q[ctx.name] = q[0]
-        return self.decompress(q, p_hat, ctx)
+        return self.decompress(q, p_hat, ctx), PowerSGDState(q[0]) if self.warm_start else ctx.state
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
         """Round 1: ``P = M Q`` (or the tensor itself, where it goes dense)."""
@@ -79,7 +86,7 @@ class PowerSGD(Compressor):
             return [Message(tensor, "average")], None
         ops = backend(tensor)
         matrix = ops.reshape(tensor, shape)
-        q = self._q.get(ctx.name)
+        q = None if ctx.state is None else ctx.state.q
         if q is None:
             step = 0 if self.warm_start else ctx.step
             q = ops.uniform((shape[1], self.rank), seeds.derive(self.seed, ctx.name, step, self.name), matrix) - 0.5

@@ -6,10 +6,18 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds, sparse
-from hvdsketch.compress.base import Compressor, Message, TensorContext
-from hvdsketch.compress.state import private_state
+from hvdsketch.compress.base import Compressor, Exchange, Message, TensorContext
 from hvdsketch.compress.support import flat_out
 from hvdsketch.ops import backend
+
+
+@dataclass(frozen=True)
+class RandomKState:
+    """What random-k remembers of a tensor between calls."""
+
+    #: Exchanges of the tensor so far: mixed into the seed, so a name and step seen again (Horovod's
+    #: drop-in path, where both are only the shape and 0) draws another set.
+    calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -30,10 +38,10 @@ class RandomK(Compressor):
     error feedback (``memory=``, the exchanger's residual memory). ``ratio=1`` is exact.
 
     In Horovod's drop-in path the name is only the shape and the step stays 0,
-    so a per-name call counter, advanced alike on every rank as long as all
+    so a per-name call counter (:class:`RandomKState`), advanced alike on every rank as long as all
     ranks compress their tensors in the same order, changes ``S`` every call.
     Inside ``tf.function`` name, step and counter are read when it is traced, and
-    tracing does not advance the counter, so every rank's graph draws the same ``S``
+    a trace keeps no state (it advances no counter), so every rank's graph draws the same ``S``
     (a rank that traces again, on a smaller last batch, agrees with the others).
 
     Host syncs: none (the keys are drawn on the tensor's device).
@@ -46,11 +54,11 @@ class RandomK(Compressor):
 
     name: ClassVar[str] = "randomk"
     drop_in: ClassVar[bool] = True
+    State: ClassVar[type] = RandomKState
 
     ratio: float = 0.01
     scale: bool = True
     seed: int = 0
-    _calls: dict = private_state()
 
     def __post_init__(self) -> None:
         sparse.check_fraction("ratio", self.ratio)
@@ -60,13 +68,15 @@ class RandomK(Compressor):
         flat = ops.flatten(tensor)
         n = math.prod(ctx.shape)
         k = sparse.count(self.ratio, n)
-        call = self._calls.get(ctx.name, 0)
-        if not ops.is_symbolic(flat):  # a traced graph keeps its draw; a rank tracing again must agree
-            self._calls[ctx.name] = call + 1
+        call = 0 if ctx.state is None else ctx.state.calls
         keys = ops.uniform(n, seeds.derive(self.seed, ctx.name, ctx.step, f"randomk.{call}"), flat)
         indices = ops.topk_abs(keys, k)
         values = ops.gather(flat, indices)
         return [Message(values * (n / k) if self.scale else values, "average")], indices
+
+    def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
+        result, state = yield from super().exchange(tensor, ctx)
+        return result, RandomKState(state.calls + 1)
 
     def decompress(self, reduced: Sequence[Any], indices: Any, ctx: TensorContext) -> Any:
         ops = backend(reduced[0])

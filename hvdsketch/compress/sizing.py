@@ -21,6 +21,7 @@ non-zero units of its dense result again, so a dense layer pays one count in
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 def level_of(count: float, headroom: float, grow: float) -> int:
@@ -39,21 +40,26 @@ def next_level(level: int | None, count: float, headroom: float, grow: float) ->
     return needed if level is None or needed > level or needed < level - 1 else level
 
 
-def latched(latch: dict[str, int], name: str) -> tuple[bool, bool]:
-    """``(dense, learn)`` for this exchange of ``name``: whether it is latched dense, and whether
-    this is the last latched exchange, which counts its dense result's units again."""
-    left = latch.get(name, 0)
-    return left > 0, left == 1
+@dataclass(frozen=True)
+class LatchState:
+    """What a method that may latch a tensor dense remembers of it between steps."""
+
+    #: Exchanges left that go dense at once (0: not latched).
+    dense_for: int = 0
 
 
-def release(latch: dict[str, int], name: str, dense_next: bool, recheck: int) -> None:
-    """After an exchange: one latched exchange fewer; a tensor just found not worth sending sparse
+def latched(dense_for: int) -> tuple[bool, bool]:
+    """``(dense, learn)`` for an exchange with ``dense_for`` latched exchanges left: whether it goes
+    dense at once, and whether it is the last latched one, which counts its dense result's units again."""
+    return dense_for > 0, dense_for == 1
+
+
+def release(dense_for: int, dense_next: bool, recheck: int) -> int:
+    """Latched exchanges left after this one: one fewer; a tensor just found not worth sending sparse
     (``dense_next``, known after an exchange that counted) is latched for ``recheck`` more."""
-    left = latch.pop(name, 0)
-    if left > 1:
-        latch[name] = left - 1
-    elif dense_next:
-        latch[name] = recheck
+    if dense_for > 1:
+        return dense_for - 1
+    return recheck if dense_next else 0
 
 
 #: A union more than this many times its plan's bound (one row's error above ``sqrt(2)`` times the one

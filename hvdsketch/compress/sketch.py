@@ -57,19 +57,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import sizing
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
 from hvdsketch.compress.hashing import HashFamily
-from hvdsketch.compress.state import private_state
 from hvdsketch.compress.support import Layout, RowSparse, count_units, from_units, units_of, values_of
 from hvdsketch.ops import backend
 
-#: ``compress``'s default plan: the one the compressor's state gives for this exchange.
+#: ``compress``'s default plan: the one the tensor's state gives for this exchange.
 NEXT = "next"
+
+
+@dataclass(frozen=True)
+class SketchState:
+    """What the sketch remembers of a tensor between steps (equal on every rank: learnt from reductions)."""
+
+    #: The planned size's level (:mod:`~hvdsketch.compress.sizing`); ``None`` before any union was seen.
+    level: int | None = None
+    #: Exchanges left that go dense at once (0: not latched).
+    dense_for: int = 0
+    #: 1 once a union that overflowed its plan was warned about.
+    warned: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,7 @@ class Sent:
     hashed: list | None = None  # per sketch row: (buckets, signs) of this rank's units
     hashes: HashFamily | None = None
     union: int | None = None    # units in the reduced bitmap, once recovered
+    warned: bool = False        # whether the recovery warned that the union overflowed the plan
 
 
 def hash_units(ops: ModuleType, hashes: HashFamily, layout: Layout, units: Any, dtype: str) -> list[tuple[Any, Any]]:
@@ -152,6 +164,7 @@ class SparseSketch(Compressor):
 
     name: ClassVar[str] = "sketch"
     row_sparse: ClassVar[bool] = True
+    State: ClassVar[type] = SketchState
 
     rows: int = 1
     error: float = 0.5
@@ -164,9 +177,6 @@ class SparseSketch(Compressor):
     block: int = 256
     seed: int = 0
     recheck: int = 16
-    _levels: dict = private_state()     # tensor name -> planned level (equal on every rank)
-    _dense_for: dict = private_state()  # tensor name -> exchanges left that go dense at once
-    _warned: dict = private_state()     # tensor name -> 1 once its union's overflow was warned about
 
     def __post_init__(self) -> None:
         if self.rows < 1:
@@ -229,11 +239,12 @@ class SparseSketch(Compressor):
         dense result is to be counted (to size the exchanges after it)."""
         if self.ratio is not None:
             return self.plan(ctx.shape, None, dtype), False
-        dense, learn = sizing.latched(self._dense_for, ctx.name)
+        state = ctx.state or SketchState()
+        dense, learn = sizing.latched(state.dense_for)
         if dense:
             return None, learn
         units = Layout.of(ctx.shape, self.block).units
-        level = self._levels.get(ctx.name)
+        level = state.level
         if level is not None:
             plan = self.plan(ctx.shape, sizing.bound_of(level, self.grow, units), dtype)
             return plan, plan is None
@@ -241,35 +252,39 @@ class SparseSketch(Compressor):
             return self.plan(ctx.shape, math.ceil(self.density * units), dtype), False
         return None, True
 
-    def _learn(self, ctx: TensorContext, sent: Sent, learn: bool, result: Any) -> None:
-        """Size the next exchange from this one's union (its bitmap's, or its dense result's units)."""
+    def _learnt(self, state: SketchState, ctx: TensorContext, sent: Sent, learn: bool, result: Any) -> SketchState:
+        """The state after this exchange: the next one sized from this one's union (its bitmap's, or
+        its dense result's units)."""
+        state = replace(state, warned=1) if sent.warned else state
         if self.ratio is not None:
-            return
+            return state
         layout = Layout.of(ctx.shape, self.block)
         count = sent.union if sent.plan is not None else count_units(result, layout) if learn else None
-        dense_next = False
+        level, dense_next = state.level, False
         if count is not None:
-            level = sizing.next_level(self._levels.get(ctx.name), count, self.headroom, self.grow)
-            self._levels[ctx.name] = level
+            level = sizing.next_level(level, count, self.headroom, self.grow)
             dense_next = self.plan(ctx.shape, sizing.bound_of(level, self.grow, layout.units), sent.dtype) is None
-        sizing.release(self._dense_for, ctx.name, dense_next, self.recheck)
+        return replace(state, level=level, dense_for=sizing.release(state.dense_for, dense_next, self.recheck))
 
-    def _check_union(self, ops: ModuleType, ctx: TensorContext, plan: SketchPlan, count: Any, traced: bool) -> None:
+    def _check_union(self, ops: ModuleType, ctx: TensorContext, sent: Sent, count: Any, traced: bool) -> None:
         """Warn once per tensor when the reduced bitmap's union (``count`` units, alike on every rank)
         outgrows the plan's bound :data:`~hvdsketch.compress.sizing.OVERFLOW` times, so the recovery's
-        error is well above ``error``. Eagerly ``count`` is the host int sizing read anyway; inside
-        ``tf.function`` it is a device count, read on the host by a conditional op at every step until
-        a trace after the warning leaves the check out. A plan of ``ratio`` was asked for a size, not
-        an error: never warned about."""
-        if plan.bound is None or ctx.name in self._warned:
+        error is well above ``error`` (``sent.warned`` then: the tensor's state keeps it). Eagerly
+        ``count`` is the host int sizing read anyway; inside ``tf.function`` it is a device count, read
+        on the host by a conditional op at every step, which warns at the first step of each trace
+        that overflows. A plan of ``ratio`` was asked for a size, not an error: never warned about."""
+        plan = sent.plan
+        if plan.bound is None or (ctx.state is not None and ctx.state.warned):
             return
-        ops.call_if(count > math.floor(sizing.OVERFLOW * max(plan.bound, 1)),
-                    lambda units: self._warn_overflow(ctx, plan, int(units), traced), [count])
+
+        def warn(units: Any) -> None:
+            if not sent.warned:  # a traced check runs every step
+                sent.warned = True
+                self._warn_overflow(ctx, plan, int(units), traced)
+
+        ops.call_if(count > math.floor(sizing.OVERFLOW * max(plan.bound, 1)), warn, [count])
 
     def _warn_overflow(self, ctx: TensorContext, plan: SketchPlan, count: int, traced: bool) -> None:
-        if ctx.name in self._warned:  # a traced check runs every step
-            return
-        self._warned[ctx.name] = 1
         layout = plan.layout
         unit = "rows" if len(ctx.shape) >= 2 else f"blocks of {layout.unit_len}"
         error = math.sqrt(count * layout.unit_len / plan.cols)  # one row: sqrt(nnz / cols)
@@ -297,9 +312,9 @@ class SparseSketch(Compressor):
         messages, sent = self.compress(tensor, ctx, plan)
         reduced = yield Round(messages, lambda: self.residual(tensor, messages, sent, ctx))
         result = self.decompress(reduced, sent, ctx)
-        if not ops.is_symbolic(values):  # inside tf.function the plan stays the one traced
-            self._learn(ctx, sent, learn, result)
-        return result
+        if ops.is_symbolic(values):  # inside tf.function the plan stays the one traced
+            return result, ctx.state
+        return result, self._learnt(ctx.state or SketchState(), ctx, sent, learn, result)
 
     def compress(self, tensor: Any, ctx: TensorContext, plan: SketchPlan | None | str = NEXT
                  ) -> tuple[list[Message], Sent]:
@@ -359,7 +374,7 @@ class SparseSketch(Compressor):
         union = ops.positive(mask)
         traced = ops.is_symbolic(union)
         sent.union = None if traced else ops.shape(union)[0]
-        self._check_union(ops, ctx, plan, ops.reduce_sum(ops.cast(mask > 0, "int64")) if traced else sent.union, traced)
+        self._check_union(ops, ctx, sent, ops.reduce_sum(ops.cast(mask > 0, "int64")) if traced else sent.union, traced)
         sent.hashed = None  # this rank's own hashes are not needed any more
         hashed = hash_units(ops, sent.hashes, layout, union, sent.dtype)
         estimate = recover(ops, plan.cols, hashed, cells, layout.unit_len)

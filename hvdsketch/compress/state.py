@@ -1,63 +1,107 @@
-"""State a compressor keeps between steps, per tensor name.
+"""What a compressor remembers of a tensor between steps, kept in one table per driver of exchanges.
 
-Compressors are frozen dataclasses whose fields are the flag's options; what
-they must remember (DGC's velocity, PowerSGD's warm-start Q) lives in fields
-made by :func:`private_state`, which stay out of the constructor, ``repr``,
-``==`` and the flag. Each rank's compressor object holds
-its own state, and :func:`export_state` / :func:`import_state` carry it through
-a checkpoint as numpy arrays, so a resumed run continues as the uninterrupted one.
+Compressors are stateless values: frozen dataclasses whose fields are the flag's
+options, equal when their flags are. A method that must remember something of a
+tensor (PowerSGD's warm-start Q, DGC's momentum, the sketch's sizing level)
+declares a small frozen record class as its ``State``, as PyTorch's
+``PowerSGDState`` does for its hook. An exchange reads its tensor's record from
+the context (``ctx.state``) and gives the next one back with its result
+(:mod:`hvdsketch.compress.base`). A :class:`StateTable` keeps one record per
+tensor name with the compressor that made it: a tensor handed to another
+compressor (``auto`` deciding again) starts that one's state afresh, and two
+optimizers (two tables) given one compressor never share a tensor's state. The
+table's :meth:`~StateTable.state_dict` carries the records through a checkpoint
+as numpy arrays and ints, so a resumed run continues as the uninterrupted one.
 """
 from __future__ import annotations
 
 import dataclasses
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from hvdsketch.compress.base import Compressor
 
 #: Turns a checkpoint's array back into the back-end tensor for the named tensor (its device, say).
 Convert = Callable[[str, np.ndarray], Any]
 
 
-def private_state(factory: Callable[[], Any] = dict) -> Any:
-    """A dataclass field holding per-tensor state, not an option."""
-    return dataclasses.field(default_factory=factory, init=False, compare=False, repr=False)
-
-
 def require_eager(ops: ModuleType, tensor: Any, method: str) -> None:
     """Raise ``ValueError`` if ``tensor`` is being traced into a graph (``tf.function``): state kept
-    in Python would be read and written once, at tracing, and never advance between steps."""
+    in Python would be read once, at tracing, and never advance between steps."""
     if ops.is_symbolic(tensor):
         raise ValueError(f"hvdsketch: {method} keeps per-tensor state between steps in Python, which "
                          f"tf.function would freeze at tracing; run the exchange eagerly (outside tf.function)")
 
 
-def _per_name(compressor: Any) -> dict[str, dict[str, Any]]:
-    """The compressor's private-state fields, each as its dict of tensor name -> value."""
-    return {f.name: getattr(compressor, f.name) for f in dataclasses.fields(compressor) if not f.init and not f.compare}
+@dataclasses.dataclass
+class _Entry:
+    #: The compressor whose record this is; ``None`` for one loaded from a checkpoint and not yet met,
+    #: whose ``fields`` wait for the compressor of ``flag`` to make its record.
+    compressor: "Compressor | None"
+    record: Any = None
+    flag: str = ""
+    fields: Mapping[str, Any] | None = None
 
 
-def export_state(compressor: Any) -> dict[str, dict[str, np.ndarray]]:
-    """The compressor's private state as numpy arrays, by field and tensor name (empty fields left out)."""
+class StateTable:
+    """Each tensor's state record, by name, with the compressor that made it."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+
+    def get(self, name: str, compressor: "Compressor") -> Any:
+        """The record ``compressor`` left for tensor ``name``, else its initial one (``None`` for a
+        method without state)."""
+        entry = self._entries.get(name)
+        if entry is not None and entry.compressor is None and entry.flag == str(compressor):
+            entry.compressor, entry.record = compressor, compressor.State(**entry.fields)
+        if entry is not None and entry.compressor == compressor:
+            return entry.record
+        return compressor.initial_state()
+
+    def put(self, name: str, compressor: "Compressor", record: Any) -> None:
+        """Keep ``record`` as tensor ``name``'s state under ``compressor``."""
+        if record is None:
+            self._entries.pop(name, None)
+        else:
+            self._entries[name] = _Entry(compressor, record)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Every record as ``{"compressor": flag, "state": {field: numpy array or int}}`` by name (a
+        field that is ``None`` left out)."""
+        saved = {}
+        for name, entry in self._entries.items():
+            if entry.compressor is None:
+                saved[name] = {"compressor": entry.flag, "state": dict(entry.fields)}
+                continue
+            fields = {f.name: getattr(entry.record, f.name) for f in dataclasses.fields(entry.record)}
+            saved[name] = {"compressor": str(entry.compressor),
+                           "state": {key: _to_numpy(value) for key, value in fields.items() if value is not None}}
+        return saved
+
+    def load_state_dict(self, saved: Mapping[str, Mapping[str, Any]], convert: Convert) -> None:
+        """Replace every record by :meth:`state_dict`'s; ints come back as ints, arrays through
+        ``convert``. Each record is made when its tensor first meets the compressor it was saved
+        under; a tensor that meets another starts afresh."""
+        self._entries = {}
+        for name, entry in saved.items():
+            fields = {key: _from_numpy(name, value, convert) for key, value in entry["state"].items()}
+            self._entries[name] = _Entry(None, flag=entry["compressor"], fields=fields)
+
+
+def _to_numpy(value: Any) -> Any:
+    if isinstance(value, (int, float)):
+        return value
     from hvdsketch.ops import backend
 
-    def to_numpy(value: Any) -> np.ndarray:
-        return np.asarray(value) if isinstance(value, (int, float)) else backend(value).to_numpy(value)
-
-    return {field: {name: to_numpy(v) for name, v in state.items()}
-            for field, state in _per_name(compressor).items() if state}
+    return backend(value).to_numpy(value)
 
 
-def import_state(compressor: Any, state: Mapping[str, Mapping[str, np.ndarray]], convert: Convert) -> None:
-    """Replace the compressor's private state by :func:`export_state`'s; counters (0-d integer arrays)
-    come back as ints, tensors through ``convert``."""
-    fields = _per_name(compressor)
-    unknown = set(state) - set(fields)
-    if unknown:
-        raise ValueError(f"hvdsketch: {compressor} keeps no state {sorted(unknown)} (a checkpoint of another method?)")
-    for field, target in fields.items():
-        target.clear()
-        for name, array in state.get(field, {}).items():
-            array = np.asarray(array)
-            counter = array.ndim == 0 and np.issubdtype(array.dtype, np.integer)
-            target[name] = int(array) if counter else convert(name, array)
+def _from_numpy(name: str, value: Any, convert: Convert) -> Any:
+    return value if isinstance(value, (int, float)) else convert(name, np.asarray(value))

@@ -32,7 +32,6 @@ from hvdsketch.compress.allgather import lossy_residual
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
 from hvdsketch.compress.hashing import HashFamily
 from hvdsketch.compress.sketch import hash_units, recover, sketch_cells
-from hvdsketch.compress.state import private_state
 from hvdsketch.compress.support import Layout, RowSparse, count_units, from_units, units_of, values_of
 from hvdsketch.ops import backend
 
@@ -53,6 +52,7 @@ class Union(Compressor):
 
     name: ClassVar[str] = "union"
     row_sparse: ClassVar[bool] = True
+    State: ClassVar[type] = sizing.LatchState
 
     wire: str | None = None
     error: float | None = None
@@ -60,7 +60,6 @@ class Union(Compressor):
     block: int = 256
     seed: int = 0
     recheck: int = 16
-    _dense_for: dict = private_state()  # tensor name -> exchanges left that go dense at once
 
     def __post_init__(self) -> None:
         sizing.check_wire(self.wire)
@@ -78,14 +77,14 @@ class Union(Compressor):
         values = values_of(tensor)
         ops, dtype = backend(values), backend(values).dtype_name(values)
         layout = Layout.of(ctx.shape, self.block)
-        dense, learn = sizing.latched(self._dense_for, ctx.name)
+        dense_for = ctx.state.dense_for
+        dense, learn = sizing.latched(dense_for)
         if dense:
             whole = tensor.to_dense() if isinstance(tensor, RowSparse) else tensor
             (reduced,) = yield Round([Message(ops.flatten(whole), "average")], lambda: None)
             result = ops.reshape(reduced, ctx.shape)
             full = learn and not ops.is_symbolic(result) and count_units(result, layout) == layout.units
-            sizing.release(self._dense_for, ctx.name, full, self.recheck)
-            return result
+            return result, sizing.LatchState(sizing.release(dense_for, full, self.recheck))
         messages, (units, unit_values) = self.compress(tensor, ctx)
         union = self.decompress((yield Round(messages)), units, ctx)
         count = ops.shape(union)[0]
@@ -93,9 +92,9 @@ class Union(Compressor):
             result = yield from self._values(ctx, layout, units, unit_values, union, count, dtype)
         else:
             result = yield from self._sketch(ctx, layout, units, unit_values, union, count, dtype)
-        if not ops.is_symbolic(union):
-            sizing.release(self._dense_for, ctx.name, self.error is None and count == layout.units, self.recheck)
-        return from_units(ops, layout, union, result, ctx.shape, isinstance(tensor, RowSparse), ctx.out)
+        full = not ops.is_symbolic(union) and self.error is None and count == layout.units
+        return (from_units(ops, layout, union, result, ctx.shape, isinstance(tensor, RowSparse), ctx.out),
+                sizing.LatchState(sizing.release(dense_for, full, self.recheck)))
 
     def _values(self, ctx: TensorContext, layout: Layout, units: Any, values: Any, union: Any, count: Any,
                 dtype: str) -> Exchange:
@@ -128,12 +127,12 @@ class Union(Compressor):
                        layout.unit_len)
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], tuple[Any, Any]]:
-        """Round one: this rank's bitmap of non-zero units, packed; the state is its units and values."""
+        """Round one: this rank's bitmap of non-zero units, packed; it keeps its units and values."""
         layout = Layout.of(ctx.shape, self.block)
         ops, units, values = units_of(tensor, layout)
         return [Message(ops.pack_bits(ops.indicator(layout.units, units, "uint8")), "bor")], (units, values)
 
-    def decompress(self, reduced: Any, state: Any, ctx: TensorContext) -> Any:
+    def decompress(self, reduced: Any, local: Any, ctx: TensorContext) -> Any:
         """The union round one's reduction shows: sorted int64 unit indices (round two follows)."""
         ops = backend(reduced[0])
         return ops.positive(ops.unpack_bits(reduced[0])[:Layout.of(ctx.shape, self.block).units])

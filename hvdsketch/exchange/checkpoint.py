@@ -6,7 +6,7 @@ resume, load that one file on every rank (or load it on rank 0 and broadcast).
 So a checkpoint carries every rank's :meth:`Exchanger.state_dict
 <hvdsketch.exchange.Exchanger.state_dict>`, gathered from all ranks::
 
-    {"format": 2, "world": N, "compression": "topk:ratio=0.05", "memory": "fp32",
+    {"format": 3, "world": N, "compression": "topk:ratio=0.05", "memory": "fp32",
      "ranks": [state of rank 0, ..., state of rank N - 1], "checksum": "<sha256 of the rest>"}
 
 and each rank resumes from its own entry; a damaged or edited entry (its
@@ -62,7 +62,7 @@ from hvdsketch.exchange import agreement
 from hvdsketch.exchange.exchanger import Exchanger, without_residuals
 
 #: The version of the checkpoint layout above (2: with a checksum).
-FORMAT = 2
+FORMAT = 3
 #: How to save every rank's state where the save itself is not collective.
 ALONE = "call gather() on every rank, between steps, before rank 0 saves, to resume every rank exactly"
 
@@ -165,7 +165,7 @@ def afresh(source: Mapping[str, Any], keep_setup: bool) -> dict[str, Any]:
     def plan(memory: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None if memory is None or not keep_setup else without_residuals(memory)
 
-    return {"step": source["step"], "world": source.get("world"), "compressors": {},
+    return {"step": source["step"], "world": source.get("world"), "states": {},
             "policy": source.get("policy") if keep_setup else None,
             "memory": plan(source.get("memory")), "own_memory": plan(source.get("own_memory"))}
 
@@ -233,7 +233,7 @@ def join(exchanger: Exchanger, tensors: Sequence[agreement.Tensor], ops: Any,
     """Begin a world: collective; see the module docstring."""
     exchanger.verify(tensors, ops)
     size = exchanger.communicator.size
-    mine = {key: value for key, value in exchanger.state_dict().items() if key != "compressors"}
+    mine = {key: value for key, value in exchanger.state_dict().items() if key != "states"}
     for key in ("memory", "own_memory"):
         mine[key] = None if mine[key] is None else without_residuals(mine[key])
     everyone = allgather_objects(exchanger, mine, "join", ops)

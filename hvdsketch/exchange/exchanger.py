@@ -48,6 +48,7 @@ is this rank's state; the adapters gather every rank's into one checkpoint.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import time
@@ -56,6 +57,7 @@ from typing import Any, Callable, ContextManager, Literal, Mapping, Sequence
 from hvdsketch.collectives import Communicator
 from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
 from hvdsketch.compress.flight import Flight
+from hvdsketch.compress.state import StateTable
 from hvdsketch.compress.support import is_passthrough, values_of
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
@@ -98,6 +100,8 @@ class Exchanger:
         self.world: int | None = None
         #: Residuals of the methods whose error feedback is their own, when ``memory`` is ``None``.
         self.own_memory = Memory(default=Fp32(), spec="fp32")
+        #: Each tensor's compressor state (PowerSGD's Q, the sketch's sizing), by name.
+        self.states = StateTable()
         self.watchdog = Watchdog(report_seconds(), shutdown_seconds())
         #: This step's flights (:mod:`~hvdsketch.exchange.scheduler`).
         self.flights = Scheduler(communicator, prefix, self.placement)
@@ -189,8 +193,10 @@ class Exchanger:
         if self.policy.wants_inputs:
             self._inputs.append((tensor, ctx))
         self.flights.progress()
+        if traced:  # a trace reads the state, and keeps none (a trace is no step)
+            ctx = dataclasses.replace(ctx, state=self.states.get(name, compressor))
         with self.placement(name):
-            flight = Flight(compressor, tensor, ctx, memory)
+            flight = Flight(compressor, tensor, ctx, memory, None if traced else self.states)
             narrow = [ops.dtype_name(m.tensor) for m in flight.messages if ops.dtype_name(m.tensor) in NARROW]
             if narrow:
                 self._narrow[name] = (narrow[0], str(compressor))
@@ -299,36 +305,28 @@ class Exchanger:
     # -- checkpoints ------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's state: the step (it seeds the hashes), the policy's choices, the compressors'
-        per-tensor state and the residuals, as numpy arrays and plain values. Only this rank's: a
+        """This rank's state: the step (it seeds the hashes), the policy's choices, the tensors'
+        compressor states and the residuals, as numpy arrays and plain values. Only this rank's: a
         checkpoint of every rank gathers it from each (:func:`hvdsketch.exchange.checkpoint.gather`)."""
-        compressors = {flag: c.state_dict() for flag, c in self.policy.compressors().items()}
         return {"step": self.step, "world": self.world, "policy": self.policy.state_dict(),
-                "compressors": {flag: s for flag, s in compressors.items() if s},
+                "states": self.states.state_dict(),
                 "memory": None if self.memory is None else self.memory.state_dict(),
                 "own_memory": self.own_memory.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any], convert: Any) -> None:
         """Restore :meth:`state_dict`; ``convert(name, array)`` makes the tensor of each array.
 
-        The step, the compressors' state and both memories' residuals are replaced: what ``state``
-        leaves out starts afresh (so a state without them resets them). The policy (and the plan of a
-        planned memory, with ``memory`` given without residuals) is restored where ``state`` has it
-        and left as it is where not."""
+        The step, the tensors' compressor states and both memories' residuals are replaced: what
+        ``state`` leaves out starts afresh (so a state without them resets them). The policy (and the
+        plan of a planned memory, with ``memory`` given without residuals) is restored where ``state``
+        has it and left as it is where not."""
         if self.flights:
             raise RuntimeError("hvdsketch: cannot load state while exchanges are in flight")
         self.step = int(state["step"])
         self.world = state.get("world")
         if state.get("policy") is not None:
             self.policy.load_state_dict(state["policy"])
-        compressors = self.policy.compressors()
-        saved = state.get("compressors") or {}
-        for flag in saved:
-            if flag not in compressors:
-                raise ValueError(f"hvdsketch: the checkpoint holds state of compressor {flag!r}, which "
-                                 f"this run's compression {self.policy} does not use")
-        for flag, compressor in compressors.items():
-            compressor.load_state_dict(saved.get(flag, {}), convert)
+        self.states.load_state_dict(state.get("states") or {}, convert)
         for memory, key in ((self.memory, "memory"), (self.own_memory, "own_memory")):
             if memory is not None:
                 memory.load_state_dict(state.get(key) or without_residuals(memory.state_dict()))

@@ -109,11 +109,14 @@ def _observe(compressor: Any, gradients: Iterator[dict[str, Any]], memory: Plann
     """Run every gradient's exchange on one rank with ``memory`` observing the residuals."""
     from hvdsketch.compress import TensorContext
     from hvdsketch.compress.flight import run_local
+    from hvdsketch.compress.state import StateTable
     from hvdsketch.ops import backend
 
+    states = StateTable()  # each tensor's compressor state, step to step, as the exchanger keeps it
     for step, grads in enumerate(gradients):
         for name, grad in grads.items():
-            run_local(compressor, grad, TensorContext(name, backend(grad).shape(grad), step, world_size=1), memory)
+            run_local(compressor, grad, TensorContext(name, backend(grad).shape(grad), step, world_size=1), memory,
+                      states)
 
 
 def plan_from_config(path: str, steps: int, budget: float | None, budget_bytes: int | None,

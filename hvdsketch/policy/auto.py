@@ -60,12 +60,12 @@ from typing import Any, ClassVar, Sequence
 
 from hvdsketch import spec as _spec
 from hvdsketch.collectives import Communicator, reduce, side_channel
-from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext
+from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
 from hvdsketch.compress.balanced import Balanced
 from hvdsketch.compress.support import is_passthrough
 from hvdsketch.compress.union import Union
 from hvdsketch.ops import backend
-from hvdsketch.policy.base import CompressorPool, Policy, announce
+from hvdsketch.policy.base import Policy, announce
 from hvdsketch.policy.cost import (BLOCK, Link, Measurement, balanced_bytes, densities, measure, parse_bandwidth,
                                    parse_latency, union_bytes, values_of)
 from hvdsketch.policy.probe import probe
@@ -126,7 +126,7 @@ def parse(text: "str | _spec.Spec") -> AutoOptions:
 class AutoPolicy(Policy):
     """The ``auto`` policy (see the module's docstring)."""
 
-    def __init__(self, options: "AutoOptions | str" = AutoOptions(), pool: CompressorPool | None = None) -> None:
+    def __init__(self, options: "AutoOptions | str" = AutoOptions()) -> None:
         self.options = parse(options) if isinstance(options, str) else options
         self._calls = 0
         self._plan_at: int | None = self.options.warmup  # the first step the next decision applies to
@@ -135,7 +135,7 @@ class AutoPolicy(Policy):
         self._window: dict[str, tuple[float, float]] = {}  # name -> max (element, unit) density
         self._decision: dict[str, Compressor] = {}
         self._table: list[Assignment] | None = None
-        self._pool = pool or CompressorPool()  # the candidates' objects, shared with a setup's rules
+        self._none = create("none")
 
     def __str__(self) -> str:
         return str(self.options)
@@ -154,7 +154,7 @@ class AutoPolicy(Policy):
         return self._link
 
     def compressor(self, ctx: TensorContext) -> Compressor:
-        return self._decision.get(ctx.name) or self._pool.get("none")
+        return self._decision.get(ctx.name) or self._none
 
     @property
     def wants_inputs(self) -> bool:
@@ -203,20 +203,20 @@ class AutoPolicy(Policy):
         ``tf.function`` (not PowerSGD, whose state is Python's, nor the exact sparse methods, whose
         sizes are known only at run time); ``row_sparse``: the gradient comes as rows."""
         numel = math.prod(shape)
-        found = [self._pool.get("none")]
+        found = [self._none]
         if dtype in ("float32", "float64"):
-            found.append(self._pool.get("fp16"))
+            found.append(create("fp16"))
         if not traced and union < 1:
-            found += [self._pool.get("allgather"), self._pool.get("union"), self._pool.get("balanced")]
+            found += [create("allgather"), create("union"), create("balanced")]
         ratio = _round_up(max(element * self.options.headroom, 1 / numel))
         if ratio < 1 and not (row_sparse and not traced):
-            found.append(self._pool.get(f"topk:ratio={ratio}"))
+            found.append(create(f"topk:ratio={ratio}"))
         units = math.ceil(numel / BLOCK) if len(shape) < 2 else shape[0]
         density = _round_up(min(1.0, max(union * self.options.headroom, 1 / units)))
-        sketch = self._pool.get(f"sketch:density={density},error={self.options.error}")
+        sketch = create(f"sketch:density={density},error={self.options.error}")
         if sketch.plan(shape) is not None:
             found.append(sketch)
-        powersgd = self._pool.get(f"powersgd:rank={self.options.powersgd_rank}")
+        powersgd = create(f"powersgd:rank={self.options.powersgd_rank}")
         if not traced and powersgd.matrix(shape) is not None:
             found.append(powersgd)
         return found
@@ -281,7 +281,7 @@ class AutoPolicy(Policy):
     # -- checkpoints ------------------------------------------------------------------------------
 
     def compressors(self) -> dict[str, Compressor]:
-        return self._pool.by_flag()
+        return {str(c): c for c in [self._none, *self._decision.values()]}
 
     def state_dict(self) -> dict[str, Any]:
         return {"calls": self._calls, "plan_at": self._plan_at,
@@ -294,7 +294,7 @@ class AutoPolicy(Policy):
         self._calls, self._plan_at = state["calls"], state["plan_at"]
         self._link = None if state["link"] is None else Link(*state["link"])
         self._window = {k: tuple(v) for k, v in state["window"].items()}
-        self._decision = {name: self._pool.get(text) for name, text in state["decision"].items()}
+        self._decision = {name: create(text) for name, text in state["decision"].items()}
         self._table = (None if state["table"] is None else
                        [Assignment(**{**row, "shape": tuple(row["shape"])}) for row in state["table"]])
 

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 from hvdsketch.collectives import Communicator
-from hvdsketch.compress import Compressor, TensorContext, create
+from hvdsketch.compress import Compressor, TensorContext
 from hvdsketch.policy.table import Assignment, format_table
 
 
@@ -56,8 +56,8 @@ class Policy(ABC):
         return None
 
     def compressors(self) -> dict[str, Compressor]:
-        """The compressor objects this policy hands out, by flag (their per-tensor state goes into
-        checkpoints)."""
+        """The compressors this policy may hand out as it stands (its rules', its decisions), by
+        flag: what a graph traced now would run."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -66,29 +66,6 @@ class Policy(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
-
-
-class CompressorPool:
-    """One compressor object per flag, shared by every tensor that uses it and by the policies of
-    one setup (a rule and the default ``auto`` choosing the same PowerSGD): a compressor keeps its
-    state per tensor name and a checkpoint keeps it by flag, so two objects of one flag would lose
-    one's state. A flag spelled another way (``powersgd:rank=1`` is ``powersgd``) names the same object."""
-
-    def __init__(self) -> None:
-        self._by_text: dict[str, Compressor] = {}
-
-    def get(self, text: str) -> Compressor:
-        if text not in self._by_text:
-            compressor = create(text)
-            self._by_text[text] = self._by_text.setdefault(str(compressor), compressor)
-        return self._by_text[text]
-
-    def adopt(self, compressor: Compressor) -> Compressor:
-        """``compressor`` as the object of its flag, unless the pool has one already (returned then)."""
-        return self._by_text.setdefault(str(compressor), compressor)
-
-    def by_flag(self) -> dict[str, Compressor]:
-        return {str(c): c for c in self._by_text.values()}
 
 
 class Fixed(Policy):
@@ -105,8 +82,6 @@ class Fixed(Policy):
 
     def __str__(self) -> str:
         return str(self._compressor)
-
-
 
 
 def announce(rows: Sequence[Assignment], title: str, communicator: Communicator) -> None:

@@ -30,11 +30,11 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from hvdsketch.collectives.stats import ring_allreduce_bytes
-from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext, create
+from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext
 from hvdsketch.compress.flight import run_local
 from hvdsketch.compress.support import Layout, values_of
 from hvdsketch.ops import backend
@@ -155,16 +155,16 @@ def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: in
     """Run ``compressor``'s whole exchange of ``tensor`` locally (each round's reduction over this
     rank alone), the best of ``repeats`` timings (the first also pays one-off costs such as
     allocations), and count the bytes its messages would put on the wire over ``ctx.world_size``
-    ranks (``ring_bor``: the communicator ORs in a ring). A fresh instance of the compressor runs, so
-    its per-tensor state (PowerSGD's Q and residual) is left untouched. Timing waits for the device
-    (host syncs: it runs at the deciding step only)."""
+    ranks (``ring_bor``: the communicator ORs in a ring). Each run starts from the tensor's initial
+    state and keeps none (compressors are stateless; the exchanger's table is not touched). Timing
+    waits for the device (host syncs: it runs at the deciding step only)."""
     ops = backend(values_of(tensor))
+    ctx = replace(ctx, state=None)
     best, rounds = math.inf, []
     for _ in range(repeats):
-        fresh = create(str(compressor))
         ops.synchronize(values_of(tensor))  # device work queued before is not the codec's
         start = time.perf_counter()
-        result, rounds = run_local(fresh, tensor if fresh.row_sparse else densified(tensor), ctx)
+        result, rounds = run_local(compressor, tensor if compressor.row_sparse else densified(tensor), ctx)
         ops.synchronize(values_of(result))  # on an accelerator the kernels have only been queued
         best = min(best, time.perf_counter() - start)
     size = ctx.world_size

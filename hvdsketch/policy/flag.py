@@ -4,9 +4,9 @@ from __future__ import annotations
 from typing import Any
 
 from hvdsketch import spec as _spec
-from hvdsketch.compress import Compressor
+from hvdsketch.compress import Compressor, create
 from hvdsketch.policy.auto import AutoOptions, AutoPolicy
-from hvdsketch.policy.base import CompressorPool, Fixed, Policy
+from hvdsketch.policy.base import Fixed, Policy
 
 
 #: Horovod's own compressions and the flag each is.
@@ -28,15 +28,13 @@ def unwrapped(compression: Any) -> Any:
     return compression
 
 
-def from_flag(flag: "str | Compressor | Policy", pool: CompressorPool | None = None) -> Policy:
+def from_flag(flag: "str | Compressor | Policy") -> Policy:
     """``auto[:...]`` as :class:`AutoPolicy`, a compressor flag or object as :class:`Fixed`, a policy
-    as it is; raises :class:`hvdsketch.spec.SpecError` naming the valid choices. With ``pool``, the
-    compressors come from it (and an object given joins it)."""
+    as it is; raises :class:`hvdsketch.spec.SpecError` naming the valid choices."""
     if isinstance(flag, Policy):
         return flag
-    pool = pool or CompressorPool()
     if isinstance(flag, Compressor):
-        return Fixed(pool.adopt(flag))
+        return Fixed(flag)
     if _spec.Spec.parse(flag).name == AutoOptions.name:
-        return AutoPolicy(flag, pool)
-    return Fixed(pool.get(flag))
+        return AutoPolicy(flag)
+    return Fixed(create(flag))

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 from hvdsketch.collectives import Communicator
 from hvdsketch.compress import Compressor, TensorContext, create
 from hvdsketch.compress.support import is_passthrough
-from hvdsketch.policy.base import CompressorPool, Policy, announce
+from hvdsketch.policy.base import Policy, announce
 from hvdsketch.policy.flag import from_flag
 from hvdsketch.policy.cost import BLOCK, densities, measure
 from hvdsketch.policy.table import Assignment
@@ -96,10 +96,8 @@ class Rules(Policy):
         if isinstance(rules, (str, Mapping)) or not isinstance(rules, Sequence):
             raise SpecError(f"rules must be a list of rules, got {rules!r}")
         self.rules = [r if isinstance(r, Rule) else Rule.from_mapping(r) for r in rules]
-        self._pool = CompressorPool()  # a rule and the default naming one flag share its object
-        self.default = from_flag(default, self._pool)
-        for rule in self.rules:
-            self._pool.get(rule.compression)  # made now: a restore gives them their state before a step
+        self.default = from_flag(default)
+        self._compressors = [create(rule.compression) for rule in self.rules]
         self._matched: dict[str, int | None] = {}  # name -> index of its rule, None: the default's
         self._order: dict[str, int] = {}  # name -> row of the table
         self._table: list[Assignment] | None = None
@@ -113,7 +111,7 @@ class Rules(Policy):
         return cls(raw["rules"] or [], raw.get("default", "none"))
 
     def compressors(self) -> dict[str, Compressor]:
-        return {**self.default.compressors(), **self._pool.by_flag()}
+        return {**self.default.compressors(), **{str(c): c for c in self._compressors}}
 
     def state_dict(self) -> dict[str, Any]:
         return {"default": self.default.state_dict()}  # the matches are made again from names and shapes
@@ -143,7 +141,7 @@ class Rules(Policy):
             rule = self.rule_for(ctx.name, ctx.shape)
             self._matched[ctx.name] = None if rule is None else self.rules.index(rule)
         index = self._matched[ctx.name]
-        return self.default.compressor(ctx) if index is None else self._pool.get(self.rules[index].compression)
+        return self.default.compressor(ctx) if index is None else self._compressors[index]
 
     @property
     def wants_inputs(self) -> bool:

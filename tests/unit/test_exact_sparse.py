@@ -9,6 +9,7 @@ from hvdsketch.ops import numpy as np_ops
 
 from hvdsketch.compress import RowSparse, TensorContext, create
 from hvdsketch.compress.flight import Flight
+from hvdsketch.compress.state import StateTable
 from tests import exact_cases
 from tests.peer_cases import lockstep, reduce_in_process
 
@@ -24,11 +25,12 @@ def row_sparse(rank: int, rows: int, seed: int = 0, repeat: int = 1) -> RowSpars
     return RowSparse(np.tile(picked, repeat), np.tile(values / repeat, (repeat, 1)), SHAPE)
 
 
-def run(flag, tensors, step=0, compressors=None):
-    """One exchange over simulated ranks: rank 0's messages per round and every rank's result."""
-    compressors = compressors or [create(flag) for _ in tensors]
-    flights = [Flight(c, t, TensorContext("emb", SHAPE, step, len(tensors), r))
-               for r, (c, t) in enumerate(zip(compressors, tensors))]
+def run(flag, tensors, step=0, tables=None):
+    """One exchange over simulated ranks (each with its own state table, where given): rank 0's
+    messages per round and every rank's result."""
+    tables = tables or [None] * len(tensors)
+    flights = [Flight(create(flag), t, TensorContext("emb", SHAPE, step, len(tensors), r), states=tables[r])
+               for r, t in enumerate(tensors)]
     return lockstep(flights, lambda pending: [reduce_in_process(same) for same in zip(*pending)])
 
 
@@ -70,15 +72,15 @@ def test_union_sends_the_union_once_after_its_bitmap():
 def test_a_dense_tensor_goes_dense_and_is_counted_again_every_recheck_exchanges(flag):
     rng = np.random.default_rng(0)
     dense = [torch.from_numpy(rng.standard_normal(SHAPE).astype(np.float32)) for _ in range(2)]
-    compressors = [create(f"{flag}:recheck=2") for _ in range(2)]
-    first, _ = run(flag, dense, 0, compressors)  # tried sparse once: the bitmap, or the gather, shows it dense
-    assert [[m.op for m in r] for r in first] == ([["bor"], ["average"]] if flag == "union" else
+    flag, tables = f"{flag}:recheck=2", [StateTable() for _ in range(2)]
+    first, _ = run(flag, dense, 0, tables)  # tried sparse once: the bitmap, or the gather, shows it dense
+    assert [[m.op for m in r] for r in first] == ([["bor"], ["average"]] if flag.startswith("union") else
                                                   [["allgather", "allgather"]])
     for step in (1, 2):  # latched dense, one round; the second counts its result again
-        rounds, outs = run(flag, dense, step, compressors)
+        rounds, outs = run(flag, dense, step, tables)
         assert [[(m.op, m.tensor.numel()) for m in r] for r in rounds] == [[("average", SHAPE[0] * SHAPE[1])]]
         np.testing.assert_allclose(outs[0].numpy(), ((dense[0] + dense[1]) / 2).numpy(), rtol=1e-6)
-    rounds, _ = run(flag, dense, 3, compressors)  # still dense when counted: latched again, no bitmap
+    rounds, _ = run(flag, dense, 3, tables)  # still dense when counted: latched again, no bitmap
     assert [[m.op for m in r] for r in rounds] == [["average"]]
 
 

@@ -16,6 +16,7 @@ from hvdsketch.compress.powersgd import PowerSGD
 from hvdsketch.compress.topk import TopK
 from hvdsketch.dropin import DropInCompression
 from hvdsketch.compress.flight import Flight, run_local
+from hvdsketch.compress.state import StateTable
 from hvdsketch.memory import Memory
 from hvdsketch.ops import numpy as np_ops, tensorflow as tf_ops, torch as torch_ops
 from hvdsketch.spec import SpecError
@@ -25,10 +26,11 @@ BACKENDS = {"numpy": (np_ops, np.asarray), "torch": (torch_ops, torch.from_numpy
             "tensorflow": (tf_ops, tf.convert_to_tensor)}
 
 
-def exchange_one(compressor, g, step=0, memory=None, name="w"):
+def exchange_one(compressor, g, step=0, memory=None, name="w", states=None):
     """One rank alone (world size 1, every reduction the identity), error feedback from ``memory``
-    (none by default): the result and each round's messages."""
-    return run_local(compressor, g, TensorContext(name, tuple(g.shape), step, 1), memory)
+    (none by default), the tensor's state from the table ``states`` and back (none: the initial
+    state): the result and each round's messages."""
+    return run_local(compressor, g, TensorContext(name, tuple(g.shape), step, 1), memory, states)
 
 
 def first_round(compressor, g, world_size=1):
@@ -164,8 +166,8 @@ def test_powersgd_warm_start_is_subspace_iteration():
     spectrum = 2.0 ** -np.arange(10)
     m = (u * spectrum) @ v.T
     best = np.sqrt(np.sum(spectrum[2:] ** 2))
-    compressor = PowerSGD(rank=2)
-    errors = [np.linalg.norm(exchange_one(compressor, m, step=t)[0] - m) for t in range(25)]
+    compressor, states = PowerSGD(rank=2), StateTable()
+    errors = [np.linalg.norm(exchange_one(compressor, m, step=t, states=states)[0] - m) for t in range(25)]
     assert errors[0] > 1.05 * best
     assert errors[-1] == pytest.approx(best, rel=1e-6)
 
@@ -264,7 +266,7 @@ def test_dgc_momentum_correction_and_factor_masking_follow_the_paper():
     """With an exact threshold (sample=1), DGC equals this from-scratch recurrence."""
     rng = np.random.default_rng(10)
     grads = [rng.standard_normal(200) for _ in range(6)]
-    compressor, memory = create("dgc:ratio=0.1,momentum=0.9,sample=1"), Memory()
+    compressor, memory, states = create("dgc:ratio=0.1,momentum=0.9,sample=1"), Memory(), StateTable()
     u = v = np.zeros(200)
     for t, g in enumerate(grads):
         u = 0.9 * u + g
@@ -274,7 +276,8 @@ def test_dgc_momentum_correction_and_factor_masking_follow_the_paper():
         expected[sent] = v[sent]
         v, u = v.copy(), u.copy()
         v[sent] = u[sent] = 0
-        np.testing.assert_allclose(exchange_one(compressor, g, step=t, memory=memory)[0], expected, rtol=1e-6,
+        np.testing.assert_allclose(exchange_one(compressor, g, step=t, memory=memory, states=states)[0], expected,
+                                   rtol=1e-6,
                                    err_msg=f"step {t}")  # v accumulates in the memory's float32
 
 

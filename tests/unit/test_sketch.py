@@ -11,6 +11,7 @@ from hvdsketch.compress.hashing import P, HashFamily, KeyHash
 from hvdsketch.compress.sketch import median
 from hvdsketch.compress.support import Layout
 from hvdsketch.compress.flight import Flight
+from hvdsketch.compress.state import StateTable
 from hvdsketch.ops import numpy as np_ops, tensorflow as tf_ops, torch as torch_ops
 from tests.peer_cases import lockstep
 
@@ -33,18 +34,20 @@ def reduce_across(per_rank):
     return out
 
 
-def exchange_across(compressors, tensors, ctx_of):
-    """One exchange of ``tensors`` (one per simulated rank, each with its own compressor): every
-    round's (op, size) of rank 0's messages and every rank's result."""
-    flights = [Flight(c, t, ctx_of(r)) for r, (c, t) in enumerate(zip(compressors, tensors))]
+def exchange_across(compressors, tensors, ctx_of, tables=None):
+    """One exchange of ``tensors`` (one per simulated rank, each with its own compressor and, where
+    given, its own state table, as each rank's exchanger keeps one): every round's (op, size) of rank
+    0's messages and every rank's result."""
+    tables = tables or [None] * len(tensors)
+    flights = [Flight(c, t, ctx_of(r), states=tables[r]) for r, (c, t) in enumerate(zip(compressors, tensors))]
     rounds, outs = lockstep(flights, reduce_across)
     return [[(m.op, int(np.prod(m.tensor.shape))) for m in messages] for messages in rounds], outs
 
 
 def local_exchange(compressor, tensors, ctx):
-    """``tensors`` exchanged by simulated ranks, each with a fresh copy of ``compressor`` (its first
+    """``tensors`` exchanged by simulated ranks, each from ``compressor``'s initial state (its first
     plan fixed by ratio or density): every rank's messages reduced, rank 0's result."""
-    ranks = [create(str(compressor)) for _ in tensors]
+    ranks = [compressor] * len(tensors)
     return exchange_across(ranks, tensors, lambda r: TensorContext(ctx.name, ctx.shape, ctx.step, len(tensors), r))[1][0]
 
 
@@ -226,10 +229,11 @@ def test_one_round_sized_from_the_union_seen_last():
     sizes repeat while the union stays about the same."""
     shape = (3000, 50)
     ranks = [create("sketch:error=0.5") for _ in range(2)]
+    tables = [StateTable() for _ in ranks]
     seen, prev_union = [], 0
     for step in range(6):
         tensors = [sparse_rows(10 * step + r, shape=shape, rows=10 + step % 2) for r in range(2)]
-        rounds, outs = exchange_across(ranks, tensors, ctx_of(shape, step))
+        rounds, outs = exchange_across(ranks, tensors, ctx_of(shape, step), tables)
         truth = np.mean(tensors, axis=0)
         union = int(np.any(truth != 0, axis=1).sum())
         if step == 0:
@@ -252,16 +256,17 @@ def test_one_round_sized_from_the_union_seen_last():
 def test_a_union_that_overflows_its_plan_is_seen_alike_and_resizes_the_next_step():
     shape = (40000, 20)
     ranks = [create("sketch:error=0.5,rows=3") for _ in range(3)]
+    tables = [StateTable() for _ in ranks]
     small = [sparse_rows(r, shape=shape, rows=5) for r in range(3)]
     big = [sparse_rows(100 + r, shape=shape, rows=200) for r in range(3)]
-    first, _ = exchange_across(ranks, small, ctx_of(shape, 0, 3))
-    sized_small, _ = exchange_across(ranks, small, ctx_of(shape, 1, 3))
-    overflow, outs = exchange_across(ranks, big, ctx_of(shape, 2, 3))  # 600 rows in a plan for ~15
+    first, _ = exchange_across(ranks, small, ctx_of(shape, 0, 3), tables)
+    sized_small, _ = exchange_across(ranks, small, ctx_of(shape, 1, 3), tables)
+    overflow, outs = exchange_across(ranks, big, ctx_of(shape, 2, 3), tables)  # 600 rows in a plan for ~15
     assert overflow == sized_small
     for out in outs[1:]:
         np.testing.assert_array_equal(out, outs[0])
-    assert {c._levels["w"] for c in ranks} == {ranks[0]._levels["w"]}
-    resized, outs = exchange_across(ranks, big, ctx_of(shape, 3, 3))
+    assert len({t.get("w", c).level for t, c in zip(tables, ranks)}) == 1
+    resized, outs = exchange_across(ranks, big, ctx_of(shape, 3, 3), tables)
     truth = np.mean(big, axis=0)
     assert resized[0][1][1] > 30 * sized_small[0][1][1]
     assert np.linalg.norm(outs[0] - truth) / np.linalg.norm(truth) < 0.5
@@ -275,13 +280,14 @@ def test_a_tensor_found_dense_is_counted_again_only_every_recheck_exchanges():
     dense = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
     sparse = [sparse_rows(r, shape=shape, rows=10) for r in range(2)]
     ranks = [create("sketch:error=0.5,recheck=3") for _ in range(2)]
+    tables = [StateTable() for _ in ranks]
     one_dense = [[("average", 150000)]]
-    assert exchange_across(ranks, dense, ctx_of(shape, 0))[0] == one_dense  # first: dense, counted
+    assert exchange_across(ranks, dense, ctx_of(shape, 0), tables)[0] == one_dense  # first: dense, counted
     for step in (1, 2, 3):  # latched dense: dense even when sparse; the third counts the result
-        rounds, outs = exchange_across(ranks, sparse, ctx_of(shape, step))
+        rounds, outs = exchange_across(ranks, sparse, ctx_of(shape, step), tables)
         assert rounds == one_dense
         np.testing.assert_allclose(outs[0], np.mean(sparse, axis=0), rtol=1e-6)
-    assert [op for op, _ in exchange_across(ranks, sparse, ctx_of(shape, 4))[0][0]] == ["bor", "average"]
+    assert [op for op, _ in exchange_across(ranks, sparse, ctx_of(shape, 4), tables)[0][0]] == ["bor", "average"]
     with pytest.raises(ValueError, match="recheck"):
         create("sketch:recheck=0")
 
@@ -293,9 +299,10 @@ def test_a_dense_layer_never_goes_through_an_overfilled_sketch():
     shape = (500, 64)
     dense = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
     ranks = [create("sketch:error=0.5,density=0.05") for _ in range(2)]
-    assert [op for op, _ in exchange_across(ranks, dense, ctx_of(shape, 0))[0][0]] == ["bor", "average"]
+    tables = [StateTable() for _ in ranks]
+    assert [op for op, _ in exchange_across(ranks, dense, ctx_of(shape, 0), tables)[0][0]] == ["bor", "average"]
     for step in (1, 2):
-        rounds, outs = exchange_across(ranks, dense, ctx_of(shape, step))
+        rounds, outs = exchange_across(ranks, dense, ctx_of(shape, step), tables)
         assert rounds == [[("average", 500 * 64)]]
         np.testing.assert_allclose(outs[0], np.mean(dense, axis=0), rtol=1e-6)
 

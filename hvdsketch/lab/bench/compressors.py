@@ -6,7 +6,7 @@ like an embedding layer's; a ``--density`` fraction of its rows is non-zero
 its rows (a :class:`~hvdsketch.compress.RowSparse`, as ``nn.Embedding(sparse=True)``
 gives it) instead of dense. Each compressor (every registered one with its
 defaults, or the ``--compressor`` flags given) runs step after step as a
-single rank would, one object for all steps (so the sketch is sized from the
+single rank would, one state table for all steps (so the sketch is sized from the
 step before, as in training; the warm-up steps include its dense first step),
 every reduction the identity, in the chosen framework's back-end, with
 ``--memory`` error feedback if given:
@@ -109,10 +109,11 @@ def gradient(numel: int, width: int, density: float, seed: int) -> np.ndarray:
     return g
 
 
-def measure(compressor: Any, tensor: Any, shape: tuple[int, ...], step: int, memory: Any, out: Any = None
-            ) -> tuple[float, float, Any, list[list[Any]]]:
+def measure(compressor: Any, tensor: Any, shape: tuple[int, ...], step: int, memory: Any, out: Any = None,
+            states: Any = None) -> tuple[float, float, Any, list[list[Any]]]:
     """One step of ``compressor``: compress and decompress seconds (error feedback's compensation and
-    residual included), result (in ``out`` when given: the gradient's own memory), messages per round."""
+    residual included), result (in ``out`` when given: the gradient's own memory), messages per round;
+    the tensor's state from ``states`` and back (a :class:`~hvdsketch.compress.state.StateTable`)."""
     from hvdsketch.compress import TensorContext
     from hvdsketch.compress.support import values_of
     from hvdsketch.compress.flight import Flight
@@ -120,7 +121,7 @@ def measure(compressor: Any, tensor: Any, shape: tuple[int, ...], step: int, mem
     ops = backend_of(tensor)
     ops.synchronize(values_of(tensor))
     start = time.perf_counter()
-    flight = Flight(compressor, tensor, TensorContext("bench", shape, step, 1, out=out), memory)
+    flight = Flight(compressor, tensor, TensorContext("bench", shape, step, 1, out=out), memory, states)
     rounds = [flight.messages]
     flight.settle()
     for m in rounds[0]:
@@ -178,6 +179,7 @@ def copy_seconds(tensor: Any, ops: Any, repeats: int, warmup: int, into_existing
 def bench(flag: str, g: np.ndarray, tensor: Any, repeats: int, warmup: int, copy_s: float,
           memory: str | None = None) -> Row:
     from hvdsketch.compress import RowSparse, create
+    from hvdsketch.compress.state import StateTable
     from hvdsketch.memory import create as create_memory
 
     compressor = create(flag)
@@ -187,7 +189,9 @@ def bench(flag: str, g: np.ndarray, tensor: Any, repeats: int, warmup: int, copy
     ops = backend_of(tensor)
     # a dense result goes into memory made once, as PyTorch's optimizer gives it the gradient's own
     out = None if isinstance(tensor, RowSparse) or ops.name == "tensorflow" else ops.zeros(g.shape, "float32", tensor)
-    runs = [measure(compressor, tensor, g.shape, step, residuals, out) for step in range(warmup + repeats)][warmup:]
+    states = StateTable()
+    runs = [measure(compressor, tensor, g.shape, step, residuals, out, states)
+            for step in range(warmup + repeats)][warmup:]
     compress_s = statistics.median(r[0] for r in runs)
     decompress_s = statistics.median(r[1] for r in runs)
     totals = [(r[0] + r[1]) / copy_s for r in runs]

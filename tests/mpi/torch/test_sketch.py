@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hvdsketch.compress import RowSparse, TensorContext, create
+from hvdsketch.compress.state import StateTable
 from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.collectives.stats import ring_allreduce_bytes
 from hvdsketch.exchange import AgreementError
@@ -65,11 +66,11 @@ def test_one_round_sizing_sends_dense_gradients_dense_and_sparse_ones_sketched(h
     comm = HorovodCommunicator(hvd)
     dense = torch.from_numpy(np.random.default_rng(hvd.rank()).integers(-5, 6, (300, 40)).astype(np.float32))
     sparse = torch.from_numpy(cases.row_sparse_gradient(hvd.rank(), cases.EXACT_SHAPE, 3, integer=True))
-    sketch = create("sketch:error=0.05,rows=3")
+    sketch, states = create("sketch:error=0.05,rows=3"), StateTable()
     for step in range(3):
         comm.stats.reset()
         jobs = [(sketch, t, TensorContext(n, tuple(t.shape), step, hvd.size())) for n, t in (("d", dense), ("s", sparse))]
-        out_dense, out_sparse = exchange_jobs(comm, jobs)
+        out_dense, out_sparse = exchange_jobs(comm, jobs, states=states)
         assert torch.equal(out_dense, hvd.allreduce(dense, op=hvd.Average, name="agreed.dense"))
         np.testing.assert_array_equal(out_sparse.numpy(), cases.dense_average(hvd.size(), cases.EXACT_SHAPE, 3, True))
         dense_bytes = ring_allreduce_bytes(dense.numel() * 4, hvd.size())
@@ -86,15 +87,15 @@ def test_a_union_overflowing_its_plan_is_seen_alike_on_every_rank(hvd):
     ranks: every rank recovers the same bits and plans the same next size, which holds the union."""
     shape = (20_000, 8)
     comm = HorovodCommunicator(hvd)
-    sketch = create("sketch:error=0.5,rows=3")
+    sketch, states = create("sketch:error=0.5,rows=3"), StateTable()
     sizes = []
     for step, rows in enumerate([5, 5, 100 * (hvd.rank() + 1), 100 * (hvd.rank() + 1)]):
         g = torch.from_numpy(cases.row_sparse_gradient(hvd.rank() + 10 * step, shape, rows, integer=False))
         comm.stats.reset()
-        (out,) = exchange_jobs(comm, [(sketch, g, TensorContext("w", shape, step, hvd.size()))])
+        (out,) = exchange_jobs(comm, [(sketch, g, TensorContext("w", shape, step, hvd.size()))], states=states)
         sizes.append(comm.stats.snapshot()["allreduce.average"]["bytes_sent"])
         assert same_on_every_rank(hvd, out, f"overflow.out.{step}")
-        assert same_on_every_rank(hvd, torch.tensor([sketch._levels["w"]]), f"overflow.level.{step}")
+        assert same_on_every_rank(hvd, torch.tensor([states.get("w", sketch).level]), f"overflow.level.{step}")
         truth = torch.from_numpy(np.mean([cases.row_sparse_gradient(r + 10 * step, shape, rows_of, False)
                                           for r, rows_of in enumerate([rows if step < 2 else 100 * (q + 1)
                                                                        for q in range(hvd.size())])], axis=0))
