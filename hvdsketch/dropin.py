@@ -20,13 +20,16 @@ as ``compression=`` to ``hvd.DistributedOptimizer`` or
 * a count of payload bytes sent against the dense bytes, :meth:`report`.
 
 Horovod's drop-in path shows neither the tensor's name nor the step. The
-object infers both, alike on every rank: a step is a run of ``compress`` calls
+object infers both, alike on every rank, for each Horovod optimizer or tape
+that calls it (the nearest ``self`` of a Horovod class up the call stack: two
+``hvd.DistributedOptimizer``\ s given one ``Compression.sketch``, a GAN's, each
+train as they would alone): a step is a run of ``compress`` calls
 (Horovod compresses every gradient of a step before it decompresses any), so a
 ``compress`` after a ``decompress`` starts the next step; within a step the
 ``k``-th tensor of a shape is named ``shape(...)#k`` (ranks produce their
 gradients of one shape in the same order). So hash seeds change every step and
 tensors of one shape keep their own state (the sketch's planned size: an
-embedding and an output layer of one shape are sized apart), in the object's
+embedding and an output layer of one shape are sized apart), in that caller's
 :class:`~hvdsketch.compress.state.StateTable`. Inside
 ``tf.function`` the call is traced once, so the traced graph keeps the plan of
 its tracing, and its hashes are those of step 0 whenever it is traced: a trace
@@ -37,6 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import sys
+import weakref
 from typing import Any
 
 from hvdsketch import spec as _spec
@@ -75,51 +80,94 @@ def one_message(flag: "Compressor | str", own: str = "hvdsketch's DistributedOpt
     return compressor
 
 
+#: How far up the call stack a compression looks for the Horovod optimizer or tape calling it.
+_CALLER_DEPTH = 24
+
+
+def _caller() -> Any:
+    """The Horovod optimizer or tape whose call reached the compression (the nearest ``self`` of a
+    class of Horovod's up the stack), or ``None`` (``hvd.allreduce(..., compression=)`` called directly)."""
+    frame = sys._getframe(2)
+    for _ in range(_CALLER_DEPTH):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and type(owner).__module__.startswith("horovod."):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+@dataclasses.dataclass
+class Session:
+    """What one caller's use of a drop-in compression remembers: its step and its tensors' states."""
+
+    step: int = 0
+    #: shape -> tensors of it compressed this step (the ``k`` of ``shape(...)#k``).
+    of_shape: dict[tuple[int, ...], int] = dataclasses.field(default_factory=dict)
+    #: Whether a decompress came since the last compress: the next compress starts a step.
+    decompressed: bool = False
+    states: StateTable = dataclasses.field(default_factory=StateTable)
+
+
 class DropInCompression:
     """Horovod's compression interface around a :class:`~hvdsketch.compress.Compressor`."""
 
     def __init__(self, compressor: "Compressor | str") -> None:
         self.compressor = one_message(compressor)
-        self.step = 0
-        self._of_shape: dict[tuple[int, ...], int] = {}  # shape -> tensors of it compressed this step
-        self._decompressed = False  # since the last compress: the next compress starts a step
-        self.states = StateTable()  # each tensor's compressor state, by inferred name
+        self._sessions: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
+        self._alone = Session()  # for calls from no Horovod optimizer or tape
         self._sent = 0  # payload bytes counted in Python
         self._dense = 0  # their dense equivalent
+
+    def session(self, caller: Any = None) -> Session:
+        """The step and tensor states of ``caller`` (a Horovod optimizer or tape; ``None``: calls made
+        from neither)."""
+        if caller is None:
+            return self._alone
+        if caller not in self._sessions:
+            self._sessions[caller] = Session()
+        return self._sessions[caller]
 
     def compress(self, tensor: Any) -> tuple[Any, Any]:
         ops = backend(tensor)
         shape = ops.shape(tensor)
+        try:
+            session = self.session(_caller())
+        except TypeError:  # a caller that takes no weak reference
+            session = self._alone
         if is_passthrough(tensor):
-            return tensor, None
+            return tensor, session
         traced = ops.is_symbolic(tensor)
-        if self._decompressed:  # a new step, or a new trace, which is no step
-            self.step, self._decompressed = self.step + (not traced), False
-            self._of_shape.clear()
-        k = self._of_shape.get(shape, 0)
-        self._of_shape[shape] = k + 1
+        if session.decompressed:  # a new step, or a new trace, which is no step
+            session.step, session.decompressed = session.step + (not traced), False
+            session.of_shape.clear()
+        k = session.of_shape.get(shape, 0)
+        session.of_shape[shape] = k + 1
         given, carried = tensor, CARRIED_AS.get(ops.dtype_name(tensor))
         if carried:
             tensor = ops.cast(tensor, carried)
         name = f"shape{shape}#{k}"
-        ctx = TensorContext(name, shape, 0 if traced else self.step,
-                            state=self.states.get(name, self.compressor) if traced else None)
-        flight = Flight(self.compressor, tensor, ctx, states=None if traced else self.states)
+        states = session.states
+        ctx = TensorContext(name, shape, 0 if traced else session.step,
+                            state=states.get(name, self.compressor) if traced else None)
+        flight = Flight(self.compressor, tensor, ctx, states=None if traced else states)
         (message,) = flight.messages
         payload = message.tensor
         dtype = ops.dtype_name(payload)
         if dtype in _TAGGED:
             payload = ops.concat([ops.flatten(payload), ops.constant(_tags(shape, str(self.compressor)), dtype, tensor)])
         self._count(ops.nbytes(payload), ops.nbytes(given))
-        return payload, (flight, ctx, ops.shape(message.tensor), dtype, given)
+        return payload, (session, flight, ctx, ops.shape(message.tensor), dtype, given)
 
     def decompress(self, tensor: Any, state: Any) -> Any:
         """The averaged gradient, after checking (one host sync per tensor: Horovod's path has no
         step boundary to check all tensors at once) that it is finite and the tags agreed."""
-        self._decompressed = True
-        if state is None:
+        if isinstance(state, Session):  # passed through
+            state.decompressed = True
             return tensor
-        flight, ctx, message_shape, dtype, given = state
+        session, flight, ctx, message_shape, dtype, given = state
+        session.decompressed = True
         ops = backend(tensor)
         narrow = dtype if dtype in NARROW else None
         name = f"of shape {ctx.shape}"
