@@ -57,7 +57,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
@@ -255,7 +255,7 @@ class SparseSketch(Compressor):
     def _learnt(self, state: SketchState, ctx: TensorContext, sent: Sent, learn: bool, result: Any) -> SketchState:
         """The state after this exchange: the next one sized from this one's union (its bitmap's, or
         its dense result's units)."""
-        state = replace(state, warned=1) if sent.warned else state
+        state = dataclasses.replace(state, warned=1) if sent.warned else state
         if self.ratio is not None:
             return state
         layout = Layout.of(ctx.shape, self.block)
@@ -264,7 +264,8 @@ class SparseSketch(Compressor):
         if count is not None:
             level = sizing.next_level(level, count, self.headroom, self.grow)
             dense_next = self.plan(ctx.shape, sizing.bound_of(level, self.grow, layout.units), sent.dtype) is None
-        return replace(state, level=level, dense_for=sizing.release(state.dense_for, dense_next, self.recheck))
+        return dataclasses.replace(state, level=level,
+                                   dense_for=sizing.release(state.dense_for, dense_next, self.recheck))
 
     def _check_union(self, ops: ModuleType, ctx: TensorContext, sent: Sent, count: Any, traced: bool) -> None:
         """Warn once per tensor when the reduced bitmap's union (``count`` units, alike on every rank)

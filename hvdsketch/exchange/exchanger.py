@@ -42,8 +42,14 @@ the tensors of a step with :meth:`Exchanger.expect` (``exchange`` names its
 own), and a round waits in a queue until every round before it in that order
 has been launched.
 
-Checkpoints (:mod:`~hvdsketch.exchange.checkpoint`): :meth:`Exchanger.state_dict`
-is this rank's state; the adapters gather every rank's into one checkpoint.
+Compressors are stateless values; what a method remembers of a tensor (PowerSGD's
+Q, DGC's momentum, the sketch's sizing) is a record in the exchanger's one
+:class:`~hvdsketch.compress.state.StateTable` (``states``): a flight starts
+from its tensor's record and puts the next one back when its exchange ends; a
+trace reads the table and keeps nothing. Checkpoints
+(:mod:`~hvdsketch.exchange.checkpoint`): :meth:`Exchanger.state_dict` is this
+rank's state, that table included; the adapters gather every rank's into one
+checkpoint.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The defining property of every peer compressor, in the NumPy back-end, and agreement of the
 PyTorch and TensorFlow back-ends where a method is deterministic."""
+import dataclasses
 import json
 import math
 import re
@@ -43,11 +44,15 @@ def first_round(compressor, g, world_size=1):
 @pytest.mark.parametrize("flag", ["topk:ratio=0.05", "randomk:ratio=0.1,scale=false,seed=3",
                                   "dgc:ratio=0.05,momentum=0.5,clip=2.0,sample=0.1", "qsgd:levels=15,bucket=none",
                                   "terngrad:seed=4", "efsignsgd", "powersgd:rank=4"])
-def test_flag_round_trips_without_private_state(flag):
+def test_flag_round_trips_and_a_compressor_is_a_value_of_its_flag(flag):
     compressor = create(flag)
     assert REGISTRY[compressor.name] is type(compressor)
-    assert create(str(compressor)) == compressor
+    assert create(str(compressor)) == compressor and hash(create(str(compressor))) == hash(compressor)
     assert "_" not in str(compressor)
+    # no field outside the flag's options: the state a method keeps is its State record's
+    assert all(field.init for field in dataclasses.fields(compressor))
+    state = compressor.initial_state()
+    assert state is None or dataclasses.is_dataclass(state) and type(state).__dataclass_params__.frozen
 
 
 @pytest.mark.parametrize("flag, message", [
