@@ -39,7 +39,6 @@ same graph as the ranks that do not, as hvdsketch's own tape does.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import sys
 import weakref
 from typing import Any
@@ -49,6 +48,7 @@ from hvdsketch.compress import REGISTRY, Compressor, TensorContext, create
 from hvdsketch.compress.flight import Flight
 from hvdsketch.compress.state import StateTable
 from hvdsketch.compress.support import is_passthrough
+from hvdsketch.digests import digest
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
 from hvdsketch.ops import backend
 
@@ -61,8 +61,8 @@ _TAG_RTOL = 1e-6
 def _tags(shape: tuple[int, ...], compressor: str) -> list[float]:
     """``t_1, t_1^2, t_2, t_2^2, t_3, t_3^2`` of three 7-bit tags (1..128) from a digest of the
     shape and the compressor's flag."""
-    digest = int.from_bytes(hashlib.sha256(f"{shape}|{compressor}".encode()).digest()[:3], "little")
-    tags = [(digest >> (7 * i)) % 128 + 1 for i in range(3)]
+    bits = digest(f"{shape}|{compressor}", bits=21)
+    tags = [(bits >> (7 * i)) % 128 + 1 for i in range(3)]
     return [float(v) for t in tags for v in (t, t * t)]
 
 
@@ -87,7 +87,10 @@ _CALLER_DEPTH = 24
 def _caller() -> Any:
     """The Horovod optimizer or tape whose call reached the compression (the nearest ``self`` of a
     class of Horovod's up the stack), or ``None`` (``hvd.allreduce(..., compression=)`` called directly)."""
-    frame = sys._getframe(2)
+    try:
+        frame = sys._getframe(3)  # past _caller_session and compress / decompress
+    except ValueError:  # called from no Python frame
+        return None
     for _ in range(_CALLER_DEPTH):
         if frame is None:
             return None
@@ -129,13 +132,17 @@ class DropInCompression:
             self._sessions[caller] = Session()
         return self._sessions[caller]
 
+    def _caller_session(self) -> Session:
+        """The session of the Horovod optimizer or tape calling :meth:`compress` or :meth:`decompress`."""
+        try:
+            return self.session(_caller())
+        except TypeError:  # a caller that takes no weak reference
+            return self._alone
+
     def compress(self, tensor: Any) -> tuple[Any, Any]:
         ops = backend(tensor)
         shape = ops.shape(tensor)
-        try:
-            session = self.session(_caller())
-        except TypeError:  # a caller that takes no weak reference
-            session = self._alone
+        session = self._caller_session()
         if is_passthrough(tensor):
             return tensor, session
         traced = ops.is_symbolic(tensor)
@@ -163,6 +170,8 @@ class DropInCompression:
     def decompress(self, tensor: Any, state: Any) -> Any:
         """The averaged gradient, after checking (one host sync per tensor: Horovod's path has no
         step boundary to check all tensors at once) that it is finite and the tags agreed."""
+        if state is None:  # never compressed (Horovod's sparse allreduce): still the end of a step
+            state = self._caller_session()
         if isinstance(state, Session):  # passed through
             state.decompressed = True
             return tensor

@@ -12,7 +12,6 @@ what it takes.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import numbers
 import os
@@ -66,10 +65,6 @@ class Spec:
     def __str__(self) -> str:
         body = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
         return f"{self.name}:{body}" if body else self.name
-
-    def digest(self) -> int:
-        """A 31-bit hash of the canonical text, equal on every rank that runs the same spec."""
-        return int.from_bytes(hashlib.sha256(str(self).encode()).digest()[:4], "little") >> 1
 
 
 def render(options: Any) -> str:

@@ -53,7 +53,6 @@ by name (``ordered``), so the exchanger launches them in one order on every rank
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Generic, Sequence, TypeVar
 
@@ -62,6 +61,7 @@ from mpi4py import MPI
 
 from hvdsketch.collectives.stats import CommStats
 from hvdsketch.compress.base import Message
+from hvdsketch.digests import crc
 from hvdsketch.ops import backend
 
 T = TypeVar("T")
@@ -283,11 +283,6 @@ def ring_allgather(wire: Wire, block: np.ndarray, sizes: Sequence[int]) -> Sched
     return out
 
 
-def digest(text: str) -> int:
-    """A checksum of ``text`` that every rank computes alike (unlike ``hash``, which is salted)."""
-    return zlib.crc32(text.encode())
-
-
 def allgatherv(wire: Wire, x: np.ndarray, context: str = "") -> Schedule[tuple[np.ndarray, list[int]]]:
     """All ranks' ``x`` concatenated along dimension 0 (row counts may differ), and the counts.
 
@@ -297,7 +292,7 @@ def allgatherv(wire: Wire, x: np.ndarray, context: str = "") -> Schedule[tuple[n
     """
     rows = x.shape[0] if x.ndim else 1
     row_shape = x.shape[1:]
-    header = np.array([rows, digest(f"{x.dtype.descr}{row_shape}{context}")], np.int64)
+    header = np.array([rows, crc(f"{x.dtype.descr}{row_shape}{context}")], np.int64)
     headers = (yield from ring_allgather(wire, header.view(np.uint8), [header.nbytes] * wire.size)).view(np.int64)
     counts, digests = headers[0::2].tolist(), headers[1::2]
     if np.any(digests != digests[0]):
@@ -322,7 +317,7 @@ def alltoallv(wire: Wire, x: np.ndarray, splits: Sequence[int], context: str = "
     rows = x.shape[0] if x.ndim else 1
     valid = len(splits) == size and min(splits, default=0) >= 0 and sum(splits) == rows
     row_shape = x.shape[1:]
-    mark = digest(f"{x.dtype.descr}{row_shape}{context}") if valid else -1  # the others fail too
+    mark = crc(f"{x.dtype.descr}{row_shape}{context}") if valid else -1  # the others fail too
     headers = np.array([[c, mark] for c in (splits if valid else [0] * size)], np.int64)
     incoming = np.empty_like(headers)
     incoming[r] = headers[r]

@@ -29,8 +29,8 @@ from typing import Union
 
 import numpy as np
 
-from hvdsketch.collectives.mpi import (Handle, MPICommunicator, Schedule, Wire, allgatherv, digest,
-                                       ring_allreduce)
+from hvdsketch.collectives.mpi import Handle, MPICommunicator, Schedule, Wire, allgatherv, ring_allreduce
+from hvdsketch.digests import crc
 
 INDEX = np.dtype(np.int64)
 
@@ -193,7 +193,7 @@ def recursive_doubling(wire: Wire, x: SparseVector, dense_at: float) -> Schedule
     moves ``2 (N - 1) / N``; on dense data recursive doubling loses to a dense allreduce.
     """
     r, p = wire.rank, 1 << (wire.size.bit_length() - 1)
-    dtype_id = digest(x.values.dtype.str)
+    dtype_id = crc(x.values.dtype.str)
     state = _settle(x, dense_at)
     if r >= p:
         return (yield from _take(wire, r - p, x, dtype_id, _post(wire, state, dtype_id, r - p)))

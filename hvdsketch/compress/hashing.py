@@ -41,12 +41,13 @@ precomputed per element.
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from hvdsketch.digests import crc
 
 P = 2**31 - 1
 
@@ -92,7 +93,7 @@ class HashFamily:
     @classmethod
     def draw(cls, rows: int, cols: int, seed: int, name: str = "", step: int = 0) -> "HashFamily":
         """Coefficients from ``seed`` mixed with the tensor's name and the step (equal on all ranks)."""
-        entropy = [seed & 0xFFFFFFFF, zlib.crc32(name.encode()), step & 0xFFFFFFFF, step >> 32 & 0xFFFFFFFF]
+        entropy = [seed & 0xFFFFFFFF, crc(name), step & 0xFFFFFFFF, step >> 32 & 0xFFFFFFFF]
         coeffs = np.random.default_rng(np.random.SeedSequence(entropy)).integers(1, P, size=(2, rows, 8))
         unit, offset = ([KeyHash(*(int(c) for c in row)) for row in part] for part in coeffs)
         return cls(tuple(unit), tuple(offset), cols)

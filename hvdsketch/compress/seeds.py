@@ -12,12 +12,12 @@ rank, since independent rounding errors are what averaging over ranks shrinks.
 """
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
+
+from hvdsketch.digests import crc
 
 
 def derive(seed: int, name: str, step: int, purpose: str) -> int:
     """A 63-bit seed from the base ``seed``, the tensor ``name``, the ``step`` and a ``purpose`` label."""
-    entropy = [seed & 0xFFFFFFFF, zlib.crc32(name.encode()), step & 0xFFFFFFFF, zlib.crc32(purpose.encode())]
+    entropy = [seed & 0xFFFFFFFF, crc(name), step & 0xFFFFFFFF, crc(purpose)]
     return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> np.uint64(1))

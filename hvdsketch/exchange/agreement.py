@@ -26,7 +26,6 @@ the mismatch in the reduced tag and raise (:func:`step_error`).
 """
 from __future__ import annotations
 
-import hashlib
 import pickle
 from types import ModuleType
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -35,16 +34,12 @@ import numpy as np
 
 from hvdsketch.collectives import Communicator, reduce, side_channel
 from hvdsketch.compress.base import Message
+from hvdsketch.digests import digest
 
 
 class AgreementError(RuntimeError):
     """Ranks run with different compression setups, models (tensors' names, shapes, dtypes, which
     take part) or steps."""
-
-
-def digest(text: str, bits: int = 62) -> int:
-    """A ``bits``-bit digest of ``text``, the same on every rank."""
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> (64 - bits)
 
 
 class Tensor(NamedTuple):

@@ -36,7 +36,6 @@ offload    nothing; fp32 in host memory, two copies per step            0 on dev
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from hvdsketch.compress.support import RowSparse, values_of
+from hvdsketch.digests import digest
 from hvdsketch.spec import render
 from hvdsketch.ops import backend
 
@@ -266,7 +266,7 @@ class Shared(Fp32):
     @staticmethod
     def owner(name: str) -> int:
         """The id the buffer holds for tensor ``name`` (equal on every rank and across runs)."""
-        return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") >> 2
+        return digest(name, bits=62)
 
     def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, State]:
         mine = state["owner"] == self.owner(name)

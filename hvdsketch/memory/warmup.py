@@ -29,12 +29,12 @@ energy and the samples come to the host); none once the plan is made.
 from __future__ import annotations
 
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from hvdsketch.digests import crc
 from hvdsketch.memory.stores import Store, numel
 from hvdsketch.ops import backend
 
@@ -46,7 +46,7 @@ def sample_of(name: str, n: int) -> np.ndarray:
     """The sorted coordinates sampled from a tensor of ``n`` elements (all when ``n <= SAMPLE``)."""
     if n <= SAMPLE:
         return np.arange(n, dtype=np.int64)
-    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    rng = np.random.default_rng(crc(name))
     return np.sort(rng.choice(n, SAMPLE, replace=False)).astype(np.int64)
 
 

@@ -36,6 +36,7 @@ from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.compress import RowSparse, TensorContext
 from hvdsketch.compress.sketch import SparseSketch
 from hvdsketch.compress.support import values_of
+from hvdsketch.digests import digest
 from hvdsketch.exchange import Exchanger, agreement, checkpoint
 from hvdsketch.exchange.report import report_of
 from hvdsketch.ops import tensorflow as tf_ops
@@ -105,7 +106,7 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
     made = _made[setup] = _made.get(setup, -1) + 1
     # named by the setup (and how many of it came before), so that a rank that made other exchanges
     # first (say, after an error) still names the collectives of this one as the other ranks do
-    prefix = f"hvdsketch_{agreement.digest(setup, bits=24):06x}" + (f"_{made}" if made else "")
+    prefix = f"hvdsketch_{digest(setup, bits=24):06x}" + (f"_{made}" if made else "")
     communicator = HorovodCommunicator(hvd, process_set, predivide=gradient_predivide_factor)
     exchange = GradientExchange(device_dense, device_sparse)
     exchange.exchanger = Exchanger(policy, communicator,

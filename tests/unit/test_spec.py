@@ -59,6 +59,10 @@ def test_precedence_argument_cli_env_config(monkeypatch):
     assert spec.resolve(None, None, None) == "none"
 
 
-def test_digest_is_stable_and_option_order_free():
-    assert Spec.parse("sketch:rows=3,error=0.5").digest() == Spec.parse("sketch:error=0.5,rows=3").digest()
-    assert Spec.parse("sketch:rows=3").digest() != Spec.parse("sketch:rows=4").digest()
+def test_canonical_text_is_option_order_free_and_its_digest_fits_its_bits():
+    from hvdsketch.digests import digest
+
+    a, b = Spec.parse("sketch:rows=3,error=0.5"), Spec.parse("sketch:error=0.5,rows=3")
+    assert str(a) == str(b) and digest(str(a)) == digest(str(b)) != digest(str(Spec.parse("sketch:rows=4")))
+    assert all(0 <= digest(f"t{i}", bits) < 2**bits for i in range(50) for bits in (21, 24, 40, 62))
+    assert len({digest(f"t{i}", 21) for i in range(50)}) > 45

@@ -28,12 +28,13 @@ import json
 import os
 import re
 import tempfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
+
+from hvdsketch.digests import crc
 
 FORMAT = 1  # bump when the processing below changes what a cache entry holds
 UNK = "<unk>"
@@ -120,7 +121,7 @@ class Vocabulary:
 
 def in_validation(key: str, fraction: float) -> bool:
     """Whether the example with this key is held out: CRC-32 of the key below ``fraction`` of 2^32."""
-    return zlib.crc32(key.encode()) < fraction * 2**32
+    return crc(key) < fraction * 2**32
 
 
 def shard(n: int, batch: int, epoch: int, seed: int, rank: int, size: int) -> np.ndarray:
