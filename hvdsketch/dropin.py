@@ -142,9 +142,9 @@ class DropInCompression:
     def compress(self, tensor: Any) -> tuple[Any, Any]:
         ops = backend(tensor)
         shape = ops.shape(tensor)
-        session = self._caller_session()
         if is_passthrough(tensor):
-            return tensor, session
+            return tensor, None
+        session = self._caller_session()
         traced = ops.is_symbolic(tensor)
         if session.decompressed:  # a new step, or a new trace, which is no step
             session.step, session.decompressed = session.step + (not traced), False
@@ -170,10 +170,8 @@ class DropInCompression:
     def decompress(self, tensor: Any, state: Any) -> Any:
         """The averaged gradient, after checking (one host sync per tensor: Horovod's path has no
         step boundary to check all tensors at once) that it is finite and the tags agreed."""
-        if state is None:  # never compressed (Horovod's sparse allreduce): still the end of a step
-            state = self._caller_session()
-        if isinstance(state, Session):  # passed through
-            state.decompressed = True
+        if state is None:  # passed through, or Horovod's sparse allreduce: still the end of a step
+            self._caller_session().decompressed = True
             return tensor
         session, flight, ctx, message_shape, dtype, given = state
         session.decompressed = True

@@ -32,7 +32,7 @@ class TFDropInCompression(PresetCompression):
     def compress(self, tensor):
         if tensor.shape.is_fully_defined():
             payload, state = super().compress(tensor)
-            if payload is not tensor and not tf.executing_eagerly():
+            if state is not None and not tf.executing_eagerly():
                 # Horovod names a traced allreduce after its input's op: named after the gradient, the
                 # payload meets the other ranks' whatever compressor made it, so ranks that disagree
                 # get Horovod's mismatch error instead of waiting for names that never meet.
