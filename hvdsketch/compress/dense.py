@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
-from hvdsketch.compress.base import Compressor, Message, TensorContext
+from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
+from hvdsketch.compress.state import scratch
 from hvdsketch.ops import backend
 
 
@@ -21,12 +23,20 @@ class NoCompression(Compressor):
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
         return [Message(tensor, "average")], None
 
-    def decompress(self, reduced: Sequence[Any], state: Any, ctx: TensorContext) -> Any:
+    def decompress(self, reduced: Sequence[Any], local: Any, ctx: TensorContext) -> Any:
         return reduced[0]
 
-    def residual(self, tensor: Any, messages: Sequence[Message], state: Any, ctx: TensorContext) -> None:
+    def residual(self, tensor: Any, messages: Sequence[Message], local: Any, ctx: TensorContext) -> None:
         """Nothing: the tensor travels whole."""
         return None
+
+
+@dataclass(frozen=True)
+class HalfState:
+    """What fp16 keeps of a tensor between steps: no state of the method, only its memory."""
+
+    #: The 16-bit message, written anew every step (fresh memory costs more than the cast into it).
+    wire: Any = scratch()
 
 
 @dataclass(frozen=True)
@@ -38,11 +48,16 @@ class HalfPrecision(Compressor):
     Horovod 0.28.1 reduces no bfloat16 tensor (PyTorch or TensorFlow, MPI, Gloo or NCCL), so it is
     refused when built rather than when the first gradient fails to travel.
 
+    Where the back-end writes into tensors (PyTorch, numpy), the 16-bit message is written each
+    step into the one the tensor's state keeps from the step before, and the average is written
+    into the gradient's own memory (``ctx.out``): one read and one write each way.
+
     Host syncs: none.
     """
 
     name: ClassVar[str] = "fp16"
     drop_in: ClassVar[bool] = True
+    State: ClassVar[type] = HalfState
 
     dtype: str = "float16"
 
@@ -53,9 +68,25 @@ class HalfPrecision(Compressor):
         if self.dtype != "float16":
             raise ValueError(f"dtype must be float16 or bfloat16, got {self.dtype!r}")
 
+    def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
+        messages, dtype = self.compress(tensor, ctx)
+        reduced = yield Round(messages, lambda: self.residual(tensor, messages, dtype, ctx))
+        ops = backend(tensor)
+        kept = HalfState(messages[0].tensor) if ops.writable and not ops.is_symbolic(tensor) else ctx.state
+        return self.decompress(reduced, dtype, ctx), kept
+
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
         ops = backend(tensor)
-        return [Message(ops.cast(tensor, self.dtype), "average")], ops.dtype_name(tensor)
+        return [Message(self._wire(ops, tensor, ctx), "average")], ops.dtype_name(tensor)
+
+    def _wire(self, ops: ModuleType, tensor: Any, ctx: TensorContext) -> Any:
+        """``tensor`` in 16 bits: written into the state's message of the step before where there is
+        one of its size on its device, else new."""
+        wire = None if ctx.state is None else ctx.state.wire
+        if (wire is None or ops.is_symbolic(tensor) or ops.shape(wire) != ops.shape(tensor)
+                or ops.device_name(wire) != ops.device_name(tensor)):
+            return ops.cast(tensor, self.dtype)
+        return ops.into(wire, tensor)
 
     def decompress(self, reduced: Sequence[Any], dtype: str, ctx: TensorContext) -> Any:
         ops = backend(reduced[0])

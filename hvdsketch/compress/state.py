@@ -11,7 +11,9 @@ tensor name with the compressor that made it: a tensor handed to another
 compressor (``auto`` deciding again) starts that one's state afresh, and two
 optimizers (two tables) given one compressor never share a tensor's state. The
 table's :meth:`~StateTable.state_dict` carries the records through a checkpoint
-as numpy arrays and ints, so a resumed run continues as the uninterrupted one.
+as numpy arrays and ints, so a resumed run continues as the uninterrupted one;
+a :func:`scratch` field (memory a method writes every step instead of making it
+anew, such as fp16's wire buffer) is left out of it and starts empty.
 """
 from __future__ import annotations
 
@@ -34,6 +36,12 @@ def require_eager(ops: ModuleType, tensor: Any, method: str) -> None:
     if ops.is_symbolic(tensor):
         raise ValueError(f"hvdsketch: {method} keeps per-tensor state between steps in Python, which "
                          f"tf.function would freeze at tracing; run the exchange eagerly (outside tf.function)")
+
+
+def scratch() -> Any:
+    """A state record's field holding memory reused from step to step (``None`` until made): it
+    carries nothing the next step needs, so checkpoints leave it out."""
+    return dataclasses.field(default=None, compare=False, repr=False, metadata={"scratch": True})
 
 
 @dataclasses.dataclass
@@ -74,13 +82,14 @@ class StateTable:
 
     def state_dict(self) -> dict[str, dict[str, Any]]:
         """Every record as ``{"compressor": flag, "state": {field: numpy array or int}}`` by name (a
-        field that is ``None`` left out)."""
+        field that is ``None``, and a :func:`scratch` one, left out)."""
         saved = {}
         for name, entry in self._entries.items():
             if entry.compressor is None:
                 saved[name] = {"compressor": entry.flag, "state": dict(entry.fields)}
                 continue
-            fields = {f.name: getattr(entry.record, f.name) for f in dataclasses.fields(entry.record)}
+            fields = {f.name: getattr(entry.record, f.name) for f in dataclasses.fields(entry.record)
+                      if not f.metadata.get("scratch")}
             saved[name] = {"compressor": str(entry.compressor),
                            "state": {key: _to_numpy(value) for key, value in fields.items() if value is not None}}
         return saved

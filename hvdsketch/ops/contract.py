@@ -32,6 +32,8 @@ class Ops(Protocol):
 
     #: The framework: ``"numpy"``, ``"torch"`` or ``"tensorflow"``.
     name: str
+    #: Whether its tensors can be written into (``out=``, :meth:`into`): numpy and PyTorch.
+    writable: bool
 
     # -- what a tensor is ----------------------------------------------------------------------
 

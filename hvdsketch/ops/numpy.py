@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 name = "numpy"
+writable = True
 Tensor = np.ndarray
 
 

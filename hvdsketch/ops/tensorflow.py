@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 name = "tensorflow"
+writable = False
 Tensor = tf.Tensor
 
 

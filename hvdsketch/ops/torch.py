@@ -15,6 +15,7 @@ import torch
 from hvdsketch.ops import torch_host
 
 name = "torch"
+writable = True
 Tensor = torch.Tensor
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,

@@ -32,6 +32,7 @@ def test_each_backend_defines_exactly_the_contracts_functions(backend):
     module = BACKENDS[backend]
     assert public_functions(module) == set(FUNCTIONS)
     assert module.name == backend
+    assert module.writable is (backend != "tensorflow")
 
 
 @pytest.mark.parametrize("function", FUNCTIONS)

@@ -6,6 +6,7 @@ import torch
 
 from hvdsketch.compress import REGISTRY, TensorContext, create
 from hvdsketch.compress.flight import run_local
+from hvdsketch.compress.state import StateTable
 
 BACKENDS = {"numpy": (np.asarray, lambda a: a.ctypes.data), "torch": (torch.from_numpy, torch.Tensor.data_ptr)}
 #: A matrix with a third of its rows non-zero, a vector whose last block is short (256-element blocks).
@@ -24,13 +25,32 @@ def gradient(shape: tuple[int, ...], step: int) -> np.ndarray:
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_a_dense_result_is_written_into_the_memory_given(backend, flag, shape):
     made, address = BACKENDS[backend]
-    given, fresh = create(flag), create(flag)  # stateful methods: one object for each run, alike
+    compressor, given, fresh = create(flag), StateTable(), StateTable()  # one state table for each run
     out = made(np.full(shape, np.nan, np.float32))
     for step in range(3):  # the sketch's first exchange is dense, later ones sized from it
         g = made(gradient(shape, step))
-        result, _ = run_local(given, g, TensorContext("w", shape, step, 1, out=out))
-        expected, _ = run_local(fresh, g, TensorContext("w", shape, step, 1))
+        result, _ = run_local(compressor, g, TensorContext("w", shape, step, 1, out=out), states=given)
+        expected, _ = run_local(compressor, g, TensorContext("w", shape, step, 1), states=fresh)
         assert address(result) == address(out) and tuple(result.shape) == shape
         assert address(expected) != address(out)  # what the check tells apart
         np.testing.assert_array_equal(np.asarray(result), np.asarray(expected))
 
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_fp16_writes_its_message_into_the_memory_of_the_step_before(backend):
+    """One read and one write each way: the 16-bit message of every step after the first goes into
+    the memory the tensor's state keeps, which a checkpoint leaves out."""
+    made, address = BACKENDS[backend]
+    compressor, states, shape = create("fp16"), StateTable(), (60, 40)
+    out = made(np.zeros(shape, np.float32))
+    wires = []
+    for step in range(3):
+        g = made(gradient(shape, step))
+        result, rounds = run_local(compressor, g, TensorContext("w", shape, step, 1, out=out), states=states)
+        wires.append(address(rounds[0][0].tensor))
+        np.testing.assert_array_equal(np.asarray(result), np.asarray(g).astype(np.float16).astype(np.float32))
+    assert wires[0] == wires[1] == wires[2]
+    assert states.state_dict() == {"w": {"compressor": "fp16", "state": {}}}
+    other = run_local(compressor, made(gradient((30, 40), 0)), TensorContext("w", (30, 40), 3, 1), states=states)[1]
+    assert address(other[0][0].tensor) != wires[0]  # another shape: new memory
