@@ -47,11 +47,12 @@ def scratch() -> Any:
 @dataclasses.dataclass
 class _Entry:
     #: The compressor whose record this is; ``None`` for one loaded from a checkpoint and not yet met,
-    #: whose ``fields`` wait for the compressor of ``flag`` to make its record.
+    #: whose ``saved`` fields (numpy arrays, ints) wait for the compressor of ``flag``.
     compressor: "Compressor | None"
     record: Any = None
     flag: str = ""
-    fields: Mapping[str, Any] | None = None
+    saved: Mapping[str, Any] | None = None
+    convert: Convert | None = None
 
 
 class StateTable:
@@ -65,7 +66,8 @@ class StateTable:
         method without state)."""
         entry = self._entries.get(name)
         if entry is not None and entry.compressor is None and entry.flag == str(compressor):
-            entry.compressor, entry.record = compressor, compressor.State(**entry.fields)
+            fields = {key: _from_numpy(name, value, entry.convert) for key, value in entry.saved.items()}
+            entry.compressor, entry.record = compressor, compressor.State(**fields)
         if entry is not None and entry.compressor == compressor:
             return entry.record
         return compressor.initial_state()
@@ -85,8 +87,8 @@ class StateTable:
         field that is ``None``, and a :func:`scratch` one, left out)."""
         saved = {}
         for name, entry in self._entries.items():
-            if entry.compressor is None:
-                saved[name] = {"compressor": entry.flag, "state": dict(entry.fields)}
+            if entry.compressor is None:  # loaded, not met since: as it was saved
+                saved[name] = {"compressor": entry.flag, "state": dict(entry.saved)}
                 continue
             fields = {f.name: getattr(entry.record, f.name) for f in dataclasses.fields(entry.record)
                       if not f.metadata.get("scratch")}
@@ -95,13 +97,11 @@ class StateTable:
         return saved
 
     def load_state_dict(self, saved: Mapping[str, Mapping[str, Any]], convert: Convert) -> None:
-        """Replace every record by :meth:`state_dict`'s; ints come back as ints, arrays through
-        ``convert``. Each record is made when its tensor first meets the compressor it was saved
-        under; a tensor that meets another starts afresh."""
-        self._entries = {}
-        for name, entry in saved.items():
-            fields = {key: _from_numpy(name, value, convert) for key, value in entry["state"].items()}
-            self._entries[name] = _Entry(None, flag=entry["compressor"], fields=fields)
+        """Replace every record by :meth:`state_dict`'s. Each record is made when its tensor first
+        meets the compressor it was saved under (ints as ints, arrays through ``convert``); a tensor
+        that meets another starts afresh."""
+        self._entries = {name: _Entry(None, flag=entry["compressor"], saved=dict(entry["state"]), convert=convert)
+                         for name, entry in saved.items()}
 
 
 def _to_numpy(value: Any) -> Any:

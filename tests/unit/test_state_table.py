@@ -1,0 +1,45 @@
+"""The per-tensor state table: records by name with the compressor that made them, through a
+checkpoint and back, and afresh for a tensor that meets another compressor."""
+import numpy as np
+import torch
+
+from hvdsketch.compress import TensorContext, create
+from hvdsketch.compress.flight import run_local
+from hvdsketch.compress.state import StateTable
+
+
+def trained(flag: str, steps: int = 3) -> StateTable:
+    table, g = StateTable(), torch.from_numpy(np.random.default_rng(0).standard_normal((40, 30)).astype(np.float32))
+    for step in range(steps):
+        run_local(create(flag), g, TensorContext("w", (40, 30), step, 1), states=table)
+    return table
+
+
+def test_a_checkpoint_of_the_table_restores_each_record_under_its_compressor():
+    table = trained("powersgd:rank=2")
+    saved = table.state_dict()
+    assert saved["w"]["compressor"] == "powersgd:rank=2" and isinstance(saved["w"]["state"]["q"], np.ndarray)
+    restored = StateTable()
+    restored.load_state_dict(saved, lambda name, array: torch.from_numpy(array))
+    # not met yet: saved as it was loaded, numpy and all
+    assert restored.state_dict()["w"]["compressor"] == "powersgd:rank=2"
+    np.testing.assert_array_equal(restored.state_dict()["w"]["state"]["q"], saved["w"]["state"]["q"])
+    q = restored.get("w", create("powersgd:rank=2")).q
+    assert isinstance(q, torch.Tensor) and torch.equal(q, table.get("w", create("powersgd:rank=2")).q)
+
+
+def test_a_tensor_that_meets_another_compressor_starts_afresh_and_counters_stay_ints():
+    table = trained("sketch:error=0.5")
+    level = table.get("w", create("sketch:error=0.5")).level
+    assert isinstance(level, int)
+    assert table.get("w", create("sketch:error=0.25")) == create("sketch").initial_state()
+    assert table.get("w", create("powersgd")).q is None
+    assert table.get("v", create("sketch:error=0.5")).level is None  # another tensor
+    restored = StateTable()
+    restored.load_state_dict(table.state_dict(), lambda name, array: torch.from_numpy(array))
+    assert restored.get("w", create("sketch:error=0.5")).level == level
+
+
+def test_a_method_without_state_keeps_no_entry():
+    table = trained("topk:ratio=0.1")
+    assert table.state_dict() == {} and table.get("w", create("topk:ratio=0.1")) is None
