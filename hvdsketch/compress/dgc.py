@@ -74,26 +74,32 @@ class DeepGradientCompression(Compressor):
 
     def prepare(self, tensor: Any, ctx: TensorContext) -> tuple[Any, TensorContext]:
         """``u_t = m u_{t-1} + clip(g)``: the momentum-corrected gradient that error feedback
-        accumulates, kept in the context's state for the exchange to mask."""
+        accumulates, kept in the context's state for the exchange to mask. Where the back-end writes
+        into tensors, ``u`` is the state's own memory, updated in place (one pass, nothing new made
+        after the first step)."""
         ops = backend(tensor)
         require_eager(ops, tensor, self.name)
         u = self._clipped(ops, tensor, ctx.world_size)
         if not self.momentum:
             return u, ctx
-        if ctx.state.velocity is not None:
-            u = self.momentum * ctx.state.velocity + u
+        velocity = ctx.state.velocity
+        if velocity is None:  # the first step: memory of the state's own (not the gradient's)
+            u = ops.into(ops.zeros(ctx.shape, ops.dtype_name(u), u), u) if ops.writable else u
+        else:
+            u = ops.axpy(self.momentum, velocity, u, velocity if ops.writable else None)
         return u, replace(ctx, state=DGCState(u))
 
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
-        """Send the selection of ``v_t`` (the accumulated ``tensor``), then mask the momentum where sent."""
+        """Send the selection of ``v_t`` (the accumulated ``tensor``), then mask the momentum where sent:
+        in place where the back-end writes into tensors, once the round's residual is kept (``tensor``
+        is ``u`` itself where the memory holds nothing yet) and the values sent were gathered."""
         messages, indices = self.compress(tensor, ctx)
+        reduced = yield Round(messages, lambda: self.residual(tensor, messages, indices, ctx))
         state = ctx.state
         if self.momentum:
             ops = backend(tensor)
             u = state.velocity
-            sent = ops.reshape(ops.indicator(math.prod(ctx.shape), indices, ops.dtype_name(u)), ctx.shape)
-            state = DGCState(u - u * sent)
-        reduced = yield Round(messages, lambda: self.residual(tensor, messages, indices, ctx))
+            state = DGCState(ops.zero_at(u, indices, u if ops.writable else None))
         return self.decompress(reduced, indices, ctx), state
 
     def _clipped(self, ops: ModuleType, g: Any, world_size: int) -> Any:
@@ -117,6 +123,11 @@ class DeepGradientCompression(Compressor):
         threshold = ops.reduce_min(abs(ops.gather(sampled, top)))
         indices = ops.select_abs_at_least(flat, threshold, sparse.count(self.ratio, n))
         return sparse.messages(ops, indices, ops.gather(flat, indices)), indices
+
+    def residual(self, tensor: Any, messages: Sequence[Message], indices: Any, ctx: TensorContext) -> Any:
+        """``v_t`` with what was sent set to 0: the values travel as they are, so this is
+        ``tensor - estimate`` in one copy."""
+        return backend(tensor).zero_at(tensor, indices)
 
     def decompress(self, reduced: Sequence[Any], indices: Any, ctx: TensorContext) -> Any:
         return sparse.average(reduced, ctx)

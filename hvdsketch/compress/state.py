@@ -105,11 +105,12 @@ class StateTable:
 
 
 def _to_numpy(value: Any) -> Any:
+    """A copy (a record's memory may be updated in place after the checkpoint was taken: DGC's)."""
     if isinstance(value, (int, float)):
         return value
     from hvdsketch.ops import backend
 
-    return backend(value).to_numpy(value)
+    return np.array(backend(value).to_numpy(value), copy=True)
 
 
 def _from_numpy(name: str, value: Any, convert: Convert) -> Any:

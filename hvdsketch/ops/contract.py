@@ -95,6 +95,14 @@ class Ops(Protocol):
         """A length-``n`` vector holding at each index the sum of the ``values`` given for it
         (written into the length-``n`` vector ``out`` when given, and that returned)."""
 
+    def axpy(self, a: float, x: Tensor, y: Tensor, out: Tensor | None = None) -> Tensor:
+        """``a * x + y`` in one pass (written into ``out``, of their shape, when given, which may be
+        ``x`` itself, and that returned)."""
+
+    def zero_at(self, x: Tensor, idx: Tensor, out: Tensor | None = None) -> Tensor:
+        """``x`` with the entries at the flat positions ``idx`` set to 0 (written into ``out`` when
+        given, which may be ``x`` itself, and that returned)."""
+
     def into(self, out: Tensor, x: Tensor) -> Tensor:
         """``x`` (of ``out``'s number of elements, any dtype) written into ``out`` as ``out``'s shape
         and dtype, one read and one write; ``out`` returned, and nothing copied when ``x`` is

@@ -107,6 +107,20 @@ def _zeroed(n: int, values: Tensor, out: Tensor | None) -> Tensor:
     return out
 
 
+def axpy(a: float, x: Tensor, y: Tensor, out: Tensor | None = None) -> Tensor:
+    if out is None:
+        return (a * x + y).astype(np.result_type(x, y), copy=False)
+    np.multiply(x, a, out=out, casting="unsafe")
+    np.add(out, y, out=out, casting="unsafe")
+    return out
+
+
+def zero_at(x: Tensor, idx: Tensor, out: Tensor | None = None) -> Tensor:
+    out = np.array(x, copy=True) if out is None else into(out, x)
+    out.reshape(-1)[idx] = 0
+    return out
+
+
 def into(out: Tensor, x: Tensor) -> Tensor:
     if x.ctypes.data != out.ctypes.data or x.dtype != out.dtype:
         np.copyto(out, np.reshape(x, out.shape), casting="unsafe")

@@ -113,6 +113,17 @@ def scatter_add(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) 
         return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype), idx[:, None], values)
 
 
+def axpy(a: float, x: Tensor, y: Tensor, out: Tensor | None = None) -> Tensor:
+    _immutable(out)
+    return a * x + y
+
+
+def zero_at(x: Tensor, idx: Tensor, out: Tensor | None = None) -> Tensor:
+    _immutable(out)
+    flat = tf.reshape(x, [-1])
+    return tf.reshape(tf.tensor_scatter_nd_update(flat, idx[:, None], tf.zeros(tf.shape(idx), x.dtype)), tf.shape(x))
+
+
 def into(out: Tensor, x: Tensor) -> Tensor:
     raise TypeError(_IMMUTABLE)
 

@@ -115,6 +115,20 @@ def _zeroed(n: int, values: Tensor, out: Tensor | None) -> Tensor:
     return torch.zeros(n, dtype=values.dtype, device=values.device) if out is None else out.zero_()
 
 
+def axpy(a: float, x: Tensor, y: Tensor, out: Tensor | None = None) -> Tensor:
+    if out is None:
+        return torch.add(y, x, alpha=a)
+    if out is x:
+        return out.mul_(a).add_(y)
+    return torch.add(y, x, alpha=a, out=out)
+
+
+def zero_at(x: Tensor, idx: Tensor, out: Tensor | None = None) -> Tensor:
+    out = x.clone() if out is None else into(out, x)
+    out.view(-1).index_fill_(0, idx.to(out.device), 0)
+    return out
+
+
 def into(out: Tensor, x: Tensor) -> Tensor:
     if x.data_ptr() == out.data_ptr() and x.dtype == out.dtype:
         return out

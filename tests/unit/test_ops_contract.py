@@ -188,3 +188,27 @@ def test_scaled_sum_adds_each_ranks_codes_times_their_scales(backend, n, size):
         out = ops.zeros(n, "float32", _tensor(backend, scales)) + 7
         assert ops.scaled_sum(_tensor(backend, codes), _tensor(backend, scales), size, out) is out
         np.testing.assert_allclose(ops.to_numpy(out), expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_axpy_and_zero_at_give_new_tensors_or_write_into_out_even_when_it_is_x(backend):
+    import numpy as np
+
+    ops = BACKENDS[backend]
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    y = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    idx = np.array([0, 5, 11])
+    masked = x.copy()
+    masked.reshape(-1)[idx] = 0
+    given = _tensor(backend, x.copy())
+    np.testing.assert_allclose(ops.to_numpy(ops.axpy(0.9, given, _tensor(backend, y))), 0.9 * x + y, rtol=1e-6)
+    np.testing.assert_array_equal(ops.to_numpy(ops.zero_at(given, _tensor(backend, idx))), masked)
+    np.testing.assert_array_equal(ops.to_numpy(given), x)  # new tensors: x as it was
+    if backend == "tensorflow":
+        return
+    assert ops.axpy(0.9, given, _tensor(backend, y), given) is given
+    np.testing.assert_allclose(ops.to_numpy(given), 0.9 * x + y, rtol=1e-6)
+    expected = (0.9 * x + y).reshape(-1)
+    expected[idx] = 0
+    assert ops.zero_at(given, _tensor(backend, idx), given) is given
+    np.testing.assert_allclose(ops.to_numpy(given).reshape(-1), expected, rtol=1e-6)

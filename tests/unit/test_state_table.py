@@ -43,3 +43,19 @@ def test_a_tensor_that_meets_another_compressor_starts_afresh_and_counters_stay_
 def test_a_method_without_state_keeps_no_entry():
     table = trained("topk:ratio=0.1")
     assert table.state_dict() == {} and table.get("w", create("topk:ratio=0.1")) is None
+
+
+def test_dgc_updates_its_momentum_in_place_and_a_checkpoint_taken_before_keeps_its_values():
+    compressor, table = create("dgc:ratio=0.1,momentum=0.9,sample=1"), StateTable()
+    rng = np.random.default_rng(5)
+    velocities, saved = [], []
+    for step in range(3):
+        g = torch.from_numpy(rng.standard_normal((40, 30)).astype(np.float32))
+        run_local(compressor, g, TensorContext("w", (40, 30), step, 1), states=table)
+        velocity = table.get("w", compressor).velocity
+        velocities.append(velocity.data_ptr())
+        assert velocity.data_ptr() != g.data_ptr()  # the state's own memory, never the gradient's
+        saved.append((velocity.clone(), table.state_dict()["w"]["state"]["velocity"]))
+    assert velocities[0] == velocities[1] == velocities[2]
+    for at_save, in_checkpoint in saved:
+        np.testing.assert_array_equal(in_checkpoint, at_save.numpy())
