@@ -5,13 +5,41 @@ test that fails on any rank aborts the whole job (``MPI_Abort``) right after
 its report is printed: the other ranks may be blocked in a collective that
 the failing rank will never join, and aborting turns that hang into a prompt,
 visible failure. ``launch/test.sh`` also runs each job under a timeout.
+
+Ranks also meet before every test and before they leave, in a barrier that sleeps while it waits.
+The suites run 4 ranks on 2 cores, and a rank blocked in an MPI call spins: a rank that finished
+its part early (or all its tests, waiting in ``MPI_Finalize``) takes the cores from the ranks it
+waits for, and a loaded machine turned a 90 s suite into a 900 s timeout that way.
 """
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 from mpi4py import MPI
+
+
+_MEETING: list[MPI.Intracomm] = []  # a communicator of its own, made on first use
+
+
+def meet() -> None:
+    """Wait for every rank, sleeping between polls instead of spinning."""
+    if not _MEETING:
+        _MEETING.append(MPI.COMM_WORLD.Dup())
+    request = _MEETING[0].Ibarrier()
+    pause = 1e-4
+    while not request.Test():
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    meet()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    meet()
 
 
 @pytest.hookimpl(hookwrapper=True)
