@@ -132,10 +132,11 @@ def test_topk_takes_a_row_sparse_gradient_as_it_is(ratio):
 
 
 def test_measure_runs_from_the_initial_state_and_keeps_none():
-    """A measurement is the first exchange of the tensor (a given state is not used) and leaves no
-    state anywhere: a compressor is a value, equal to a fresh one of its flag."""
+    """A measurement is the first exchange of the tensor (a given state is not used: this one's Q
+    has a shape no product with the tensor takes) and leaves no state anywhere: a compressor is a
+    value, equal to a fresh one of its flag."""
     powersgd = create("powersgd:rank=1")
-    warm = TensorContext("w", (64, 32), 0, 2, state=powersgd.State(np.full((32, 1), np.nan, np.float32)))
+    warm = TensorContext("w", (64, 32), 0, 2, state=powersgd.State(np.ones((7, 1), np.float32)))
     measured = measure(powersgd, np.ones((64, 32), np.float32), warm)
     assert measured.wire > 0 and powersgd == create("powersgd") and hash(powersgd) == hash(create("powersgd"))
 
