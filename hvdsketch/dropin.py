@@ -155,10 +155,8 @@ class DropInCompression:
         if carried:
             tensor = ops.cast(tensor, carried)
         name = f"shape{shape}#{k}"
-        states = session.states
-        ctx = TensorContext(name, shape, 0 if traced else session.step,
-                            state=states.get(name, self.compressor) if traced else None)
-        flight = Flight(self.compressor, tensor, ctx, states=None if traced else states)
+        ctx = TensorContext(name, shape, 0 if traced else session.step)
+        flight = Flight(self.compressor, tensor, ctx, states=session.states, keep=not traced)
         (message,) = flight.messages
         payload = message.tensor
         dtype = ops.dtype_name(payload)

@@ -6,8 +6,8 @@ generator: each :class:`~hvdsketch.compress.Round` of messages goes out, and its
 reduction comes back in. When the round that settles what this rank sends has
 started, the memory keeps what its messages leave out (``e = g + e - C(g + e)``),
 computed while the collective travels. When the exchange ends, ``state`` is the
-tensor's next state record, which the driver keeps in its
-:class:`~hvdsketch.compress.state.StateTable` (or drops: a probe, a trace).
+tensor's next state record, which goes back to the driver's
+:class:`~hvdsketch.compress.state.StateTable` (or is dropped: a probe, a trace).
 Everything that drives exchanges (the
 exchanger of the optimizers and the tape, Horovod's drop-in path, the planner's
 warm-up, the cost model and the benchmarks) drives them through a flight.
@@ -32,17 +32,18 @@ class Flight:
     tensor (written into ``ctx.out`` when given) and ``state`` the tensor's next state record
     (``ctx.state`` is the one it starts from: the compressor's initial record where it is ``None``).
     ``states``: the table the tensor's record comes from where ``ctx`` gives none, and goes back to
-    when the exchange ends (none: the caller keeps ``state`` or drops it). ``seconds`` adds up the
+    when the exchange ends unless ``keep`` is false (a trace, which is no step, reads the table and
+    writes nothing); none: the caller keeps ``state`` or drops it. ``seconds`` adds up the
     time spent in the compressor and the memory (the codec), the waiting for collectives excluded.
     """
 
     def __init__(self, compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Any = None,
-                 states: StateTable | None = None) -> None:
+                 states: StateTable | None = None, keep: bool = True) -> None:
         began = time.perf_counter()
         if ctx.state is None and compressor.State is not None:
             ctx = dataclasses.replace(ctx, state=(states.get(ctx.name, compressor) if states is not None
                                                   else compressor.initial_state()))
-        self.compressor, self._states = compressor, states
+        self.compressor, self._states = compressor, states if keep else None
         self._memory = memory if memory is not None and memory.keeps(ctx.name) else None
         tensor, self.ctx = compressor.prepare(tensor, ctx)
         self.state: Any = self.ctx.state

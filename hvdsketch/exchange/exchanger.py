@@ -54,7 +54,6 @@ checkpoint.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import os
 import time
@@ -199,10 +198,8 @@ class Exchanger:
         if self.policy.wants_inputs:
             self._inputs.append((tensor, ctx))
         self.flights.progress()
-        if traced:  # a trace reads the state, and keeps none (a trace is no step)
-            ctx = dataclasses.replace(ctx, state=self.states.get(name, compressor))
-        with self.placement(name):
-            flight = Flight(compressor, tensor, ctx, memory, None if traced else self.states)
+        with self.placement(name):  # a trace is no step: it reads the states and keeps none
+            flight = Flight(compressor, tensor, ctx, memory, self.states, keep=not traced)
             narrow = [ops.dtype_name(m.tensor) for m in flight.messages if ops.dtype_name(m.tensor) in NARROW]
             if narrow:
                 self._narrow[name] = (narrow[0], str(compressor))
