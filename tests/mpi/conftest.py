@@ -13,6 +13,7 @@ waits for, and a loaded machine turned a 90 s suite into a 900 s timeout that wa
 """
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -20,20 +21,22 @@ import pytest
 from mpi4py import MPI
 
 
-_MEETING: list[MPI.Intracomm] = []  # a communicator of its own, made on first use
+@functools.cache
+def _meeting() -> MPI.Intracomm:
+    """The ranks' meetings' own communicator, made on first use."""
+    return MPI.COMM_WORLD.Dup()
 
 
 def meet() -> None:
     """Wait for every rank, sleeping between polls instead of spinning."""
-    if not _MEETING:
-        _MEETING.append(MPI.COMM_WORLD.Dup())
-    request = _MEETING[0].Ibarrier()
+    request = _meeting().Ibarrier()
     pause = 1e-4
     while not request.Test():
         time.sleep(pause)
         pause = min(2 * pause, 0.01)
 
 
+@pytest.hookimpl(tryfirst=True)  # before a skip mark is evaluated: every rank meets for every test
 def pytest_runtest_setup(item: pytest.Item) -> None:
     meet()
 
