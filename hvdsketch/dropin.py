@@ -156,7 +156,7 @@ class DropInCompression:
             tensor = ops.cast(tensor, carried)
         name = f"shape{shape}#{k}"
         ctx = TensorContext(name, shape, 0 if traced else session.step)
-        flight = Flight(self.compressor, tensor, ctx, states=session.states, keep=not traced)
+        flight = Flight(self.compressor, tensor, ctx, states=session.states)
         (message,) = flight.messages
         payload = message.tensor
         dtype = ops.dtype_name(payload)

@@ -119,6 +119,18 @@ class Compressor(ABC):
         """A tensor's record before its first exchange (``None`` for a method without state)."""
         return None if self.State is None else self.State()
 
+    def traceable(self) -> bool:
+        """Whether the exchange can be traced once into a graph (``tf.function``) that runs it step
+        after step without Python: not where it sizes rounds on the host (:attr:`host_sized`) or keeps
+        state whose shape changes, or that only Python can advance. TensorFlow runs the others as one
+        Python op inside ``tf.function``."""
+        return not self.host_sized
+
+    def held_state(self, record: Any, like: Any, ctx: TensorContext) -> Any:
+        """``record`` with every array made that a traced graph keeps from its first run on (see
+        :mod:`hvdsketch.compress.state`); ``like``: an eager tensor of the gradient's dtype and device."""
+        return record
+
     def one_message(self) -> "Compressor":
         """This method in the form whose exchange is one averaged message (:attr:`drop_in`), for
         Horovod's ``compression=``; itself when it is that already (or has no such form)."""

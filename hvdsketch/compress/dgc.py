@@ -72,6 +72,10 @@ class DeepGradientCompression(Compressor):
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"clip must be > 0 or none, got {self.clip}")
 
+    def traceable(self) -> bool:
+        """No: the velocity is kept in Python alone (:meth:`prepare` refuses a graph being traced)."""
+        return False
+
     def prepare(self, tensor: Any, ctx: TensorContext) -> tuple[Any, TensorContext]:
         """``u_t = m u_{t-1} + clip(g)``: the momentum-corrected gradient that error feedback
         accumulates, kept in the context's state for the exchange to mask. Where the back-end writes

@@ -7,7 +7,8 @@ reduction comes back in. When the round that settles what this rank sends has
 started, the memory keeps what its messages leave out (``e = g + e - C(g + e)``),
 computed while the collective travels. When the exchange ends, ``state`` is the
 tensor's next state record, which goes back to the driver's
-:class:`~hvdsketch.compress.state.StateTable` (or is dropped: a probe, a trace).
+:class:`~hvdsketch.compress.state.StateTable` (or is dropped: a probe), or, from a
+graph being traced, into the memory the table holds it in.
 Everything that drives exchanges (the
 exchanger of the optimizers and the tape, Horovod's drop-in path, the planner's
 warm-up, the cost model and the benchmarks) drives them through a flight.
@@ -20,7 +21,7 @@ from typing import Any, Sequence
 
 from hvdsketch.compress.base import Compressor, Message, Round, TensorContext
 from hvdsketch.compress.state import StateTable
-from hvdsketch.compress.support import RowSparse
+from hvdsketch.compress.support import RowSparse, values_of
 from hvdsketch.ops import backend
 
 
@@ -32,18 +33,27 @@ class Flight:
     tensor (written into ``ctx.out`` when given) and ``state`` the tensor's next state record
     (``ctx.state`` is the one it starts from: the compressor's initial record where it is ``None``).
     ``states``: the table the tensor's record comes from where ``ctx`` gives none, and goes back to
-    when the exchange ends unless ``keep`` is false (a trace, which is no step, reads the table and
-    writes nothing); none: the caller keeps ``state`` or drops it. ``seconds`` adds up the
-    time spent in the compressor and the memory (the codec), the waiting for collectives excluded.
+    when the exchange ends; none: the caller keeps ``state`` or drops it. Where ``tensor`` is being
+    traced into a graph (a trace is no step), the record's arrays are held in the table, in memory
+    the graph reads and writes at each of its runs (:mod:`hvdsketch.compress.state`).
+    ``seconds`` adds up the time spent in the compressor and the memory (the codec), the waiting
+    for collectives excluded.
     """
 
     def __init__(self, compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Any = None,
-                 states: StateTable | None = None, keep: bool = True) -> None:
+                 states: StateTable | None = None) -> None:
         began = time.perf_counter()
-        if ctx.state is None and compressor.State is not None:
+        ops = backend(values_of(tensor))
+        self._traced = ops.is_symbolic(values_of(tensor))
+        if ctx.state is None and compressor.State is not None and states is not None and self._traced:
+            with ops.outside_trace():  # a checkpoint's arrays, and the held memory, made eagerly
+                like = ops.zeros((), ops.dtype_name(values_of(tensor)), values_of(tensor))
+                record = compressor.held_state(states.get(ctx.name, compressor), like, ctx)
+                ctx = dataclasses.replace(ctx, state=states.hold(ctx.name, compressor, record, ops))
+        elif ctx.state is None and compressor.State is not None:
             ctx = dataclasses.replace(ctx, state=(states.get(ctx.name, compressor) if states is not None
                                                   else compressor.initial_state()))
-        self.compressor, self._states = compressor, states if keep else None
+        self.compressor, self._states = compressor, states
         self._memory = memory if memory is not None and memory.keeps(ctx.name) else None
         tensor, self.ctx = compressor.prepare(tensor, ctx)
         self.state: Any = self.ctx.state
@@ -79,7 +89,7 @@ class Flight:
             result, self.state = end.value
             self.result, self.done = _written(result, self.ctx.out), True
             if self._states is not None:
-                self._states.put(self.ctx.name, self.compressor, self.state)
+                self._states.put(self.ctx.name, self.compressor, self.state, traced=self._traced)
         self.seconds += time.perf_counter() - began
         return self.done
 

@@ -7,7 +7,6 @@ from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
-from hvdsketch.compress.state import require_eager
 from hvdsketch.ops import backend
 
 
@@ -44,7 +43,8 @@ class PowerSGD(Compressor):
     Orthogonalization is a reduced QR (in float32 for 16-bit gradients). Tensors of rank < 2,
     and matrices where ``r (n + m) >= n m`` (nothing saved), are averaged dense in one round.
 
-    Host syncs: none (the QR runs on the tensor's device).
+    Host syncs: none (the QR runs on the tensor's device). Inside ``tf.function`` with warm start,
+    ``Q`` and the residual live in variables: the exchange is graph ops, started with its gradient.
 
     Options (flag ``powersgd:rank=2``):
       rank        rank r of the approximation, >= 1 (default 1)
@@ -74,7 +74,6 @@ class PowerSGD(Compressor):
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
         if self.matrix(ctx.shape) is None:
             return (yield from super().exchange(tensor, ctx))
-        require_eager(backend(tensor), tensor, self.name)
         messages, matrix = self.compress(tensor, ctx)
         p = yield Round(messages)
         messages, p_hat = self.project(p, matrix)
@@ -89,11 +88,26 @@ class PowerSGD(Compressor):
             return [Message(tensor, "average")], None
         ops = backend(tensor)
         matrix = ops.reshape(tensor, shape)
-        q = None if ctx.state is None else ctx.state.q
-        if q is None:
-            step = 0 if self.warm_start else ctx.step
-            q = ops.uniform((shape[1], self.rank), seeds.derive(self.seed, ctx.name, step, self.name), matrix) - 0.5
+        q = self.drawn_q(matrix, ctx) if ctx.state is None or ctx.state.q is None else ctx.state.q
         return [Message(ops.matmul(matrix, q), "average")], matrix
+
+    def drawn_q(self, like: Any, ctx: TensorContext) -> Any:
+        """A start ``Q`` (``m x r``, ``like``'s dtype and device), uniform in [-0.5, 0.5) from the
+        seed, the name and (without warm start) the step: the same on every rank."""
+        ops = backend(like)
+        step = 0 if self.warm_start else ctx.step
+        m = self.matrix(ctx.shape)[1]
+        return ops.uniform((m, self.rank), seeds.derive(self.seed, ctx.name, step, self.name), like) - 0.5
+
+    def traceable(self) -> bool:
+        """With warm start (a graph holds ``Q``); without, each step draws from its step, which a
+        graph would freeze at its tracing."""
+        return self.warm_start
+
+    def held_state(self, record: PowerSGDState, like: Any, ctx: TensorContext) -> PowerSGDState:
+        if record.q is None and self.matrix(ctx.shape) is not None:
+            return PowerSGDState(self.drawn_q(like, ctx))
+        return record
 
     def project(self, reduced: Sequence[Any], matrix: Any) -> tuple[list[Message], Any]:
         """Round 2: ``P^ = orthogonalize(mean P)`` and ``Q = M^T P^``, sent as ``Q^T = P^^T M``

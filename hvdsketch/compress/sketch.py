@@ -210,6 +210,10 @@ class SparseSketch(Compressor):
         graph, which keeps the plan of its tracing, loses nothing)."""
         return self.density is not None or self.ratio is not None
 
+    def traceable(self) -> bool:
+        """Sized in advance: sized from the unions seen, the plan's level changes the messages' shapes."""
+        return self.sized_in_advance
+
     def one_message(self) -> "SparseSketch":
         return self if self.drop_in else dataclasses.replace(self, bitmap="float")
 

@@ -14,14 +14,23 @@ table's :meth:`~StateTable.state_dict` carries the records through a checkpoint
 as numpy arrays and ints, so a resumed run continues as the uninterrupted one;
 a :func:`scratch` field (memory a method writes every step instead of making it
 anew, such as fp16's wire buffer) is left out of it and starts empty.
+
+A graph being traced (``tf.function``) runs many steps without Python, so it cannot
+hand records back: where one is traced, the table holds the record's arrays in
+memory the graph reads and writes at each run (:func:`holding`, a ``tf.Variable`` in
+TensorFlow), and the traced exchange writes its next record into that memory
+(:func:`written`) instead of giving it back. Eager steps, checkpoints and loads then
+read and write the same memory, so the graph and Python never part ways.
 """
 from __future__ import annotations
 
 import dataclasses
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
+
+from hvdsketch.ops import backend
 
 if TYPE_CHECKING:
     from hvdsketch.compress.base import Compressor
@@ -42,6 +51,44 @@ def scratch() -> Any:
     """A state record's field holding memory reused from step to step (``None`` until made): it
     carries nothing the next step needs, so checkpoints leave it out."""
     return dataclasses.field(default=None, compare=False, repr=False, metadata={"scratch": True})
+
+
+def holds(values: Iterable[Any]) -> bool:
+    """Whether any of ``values`` is memory a traced graph keeps (the back-end's ``hold``)."""
+    return any(_is_array(v) and backend(v).is_held(v) for v in values)
+
+
+def holding(ops: ModuleType, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (eager) with each array in memory a traced graph keeps (ints and ``None`` as they are)."""
+    return {key: ops.hold(value) if _is_array(value) else value for key, value in values.items()}
+
+
+def written(kept: Mapping[str, Any], new: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """``new`` with each array that ``kept`` holds written into that memory, which takes its place.
+
+    Raises ``ValueError`` where the new array's shape or dtype is not the held one's (a graph keeps
+    the shapes it was traced with)."""
+    out = dict(new)
+    for key, old in kept.items():
+        if not (_is_array(old) and backend(old).is_held(old)) or new.get(key) is old:
+            continue
+        ops, value = backend(old), new.get(key)
+        if value is None or ops.shape(value) != ops.shape(old) or ops.dtype_name(value) != ops.dtype_name(old):
+            given = None if value is None else f"{ops.dtype_name(value)} {ops.shape(value)}"
+            raise ValueError(f"hvdsketch: a traced graph keeps {what}'s {key!r} as {ops.dtype_name(old)} "
+                             f"{ops.shape(old)}, and a step gave {given}; run the step eagerly")
+        ops.assign(old, value)
+        out[key] = old
+    return out
+
+
+def _is_array(value: Any) -> bool:
+    return value is not None and not isinstance(value, (int, float, str))
+
+
+def _fields(record: Any) -> dict[str, Any]:
+    """A record's fields but its :func:`scratch` ones."""
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if not f.metadata.get("scratch")}
 
 
 @dataclasses.dataclass
@@ -72,9 +119,29 @@ class StateTable:
             return entry.record
         return compressor.initial_state()
 
-    def put(self, name: str, compressor: "Compressor", record: Any) -> None:
-        """Keep ``record`` as tensor ``name``'s state under ``compressor``."""
-        if record is None:
+    def hold(self, name: str, compressor: "Compressor", record: Any, ops: ModuleType) -> Any:
+        """For a graph being traced: ``record`` (eager, tensor ``name``'s under ``compressor``) kept
+        with its arrays :func:`holding`; the table's own where it holds them already."""
+        entry = self._entries.get(name)
+        if entry is not None and entry.compressor == compressor and holds(_fields(entry.record).values()):
+            return entry.record
+        record = dataclasses.replace(record, **holding(ops, _fields(record)))
+        self._entries[name] = _Entry(compressor, record)
+        return record
+
+    def put(self, name: str, compressor: "Compressor", record: Any, traced: bool = False) -> None:
+        """Keep ``record`` as tensor ``name``'s state under ``compressor``, its arrays written into
+        the memory of a held record. ``traced``: ``record`` is a graph's being traced, of which only
+        what is held is kept (written at each run)."""
+        entry = self._entries.get(name)
+        if (entry is not None and entry.compressor == compressor and record is not None
+                and holds(_fields(entry.record).values())):
+            fields = written(_fields(entry.record), _fields(record), f"tensor {name!r}'s {compressor} state")
+            if not traced:
+                entry.record = dataclasses.replace(record, **fields)
+        elif traced:
+            return
+        elif record is None:
             self._entries.pop(name, None)
         else:
             self._entries[name] = _Entry(compressor, record)
@@ -90,26 +157,37 @@ class StateTable:
             if entry.compressor is None:  # loaded, not met since: as it was saved
                 saved[name] = {"compressor": entry.flag, "state": dict(entry.saved)}
                 continue
-            fields = {f.name: getattr(entry.record, f.name) for f in dataclasses.fields(entry.record)
-                      if not f.metadata.get("scratch")}
             saved[name] = {"compressor": str(entry.compressor),
-                           "state": {key: _to_numpy(value) for key, value in fields.items() if value is not None}}
+                           "state": {key: _to_numpy(value) for key, value in _fields(entry.record).items()
+                                     if value is not None}}
         return saved
 
     def load_state_dict(self, saved: Mapping[str, Mapping[str, Any]], convert: Convert) -> None:
         """Replace every record by :meth:`state_dict`'s. Each record is made when its tensor first
         meets the compressor it was saved under (ints as ints, arrays through ``convert``); a tensor
-        that meets another starts afresh."""
+        that meets another starts afresh. A record a traced graph holds is written now, into its
+        memory; raises ``ValueError`` (and loads nothing) where ``saved`` has none for it under the
+        same compressor, which the graph keeps."""
+        kept = {name: entry for name, entry in self._entries.items()
+                if entry.compressor is not None and holds(_fields(entry.record).values())}
+        lacking = sorted(name for name, entry in kept.items()
+                         if saved.get(name, {}).get("compressor") != str(entry.compressor))
+        if lacking:
+            raise ValueError(f"hvdsketch: a traced graph keeps the state of {lacking} under its compressor, "
+                             f"and this checkpoint has none for them under it; load it before the first "
+                             f"traced step (or trace anew)")
         self._entries = {name: _Entry(None, flag=entry["compressor"], saved=dict(entry["state"]), convert=convert)
                          for name, entry in saved.items()}
+        for name, entry in kept.items():
+            loaded = self.get(name, entry.compressor)
+            self._entries[name] = entry
+            self.put(name, entry.compressor, loaded)
 
 
 def _to_numpy(value: Any) -> Any:
     """A copy (a record's memory may be updated in place after the checkpoint was taken: DGC's)."""
     if isinstance(value, (int, float)):
         return value
-    from hvdsketch.ops import backend
-
     return np.array(backend(value).to_numpy(value), copy=True)
 
 

@@ -59,7 +59,7 @@ from typing import Any, Callable, ContextManager, Mapping, Sequence
 import numpy as np
 
 from hvdsketch.exchange import agreement
-from hvdsketch.exchange.exchanger import Exchanger, without_residuals
+from hvdsketch.exchange.exchanger import Exchanger
 
 #: The version of the checkpoint layout above (2: with a checksum).
 FORMAT = 3
@@ -109,7 +109,7 @@ def alone(exchanger: Exchanger) -> dict[str, Any]:
     """The checkpoint of this rank alone (no collective): no per-rank state; see the module docstring."""
     compression, memory = _setup(exchanger)
     return _sealed({"format": FORMAT, "world": exchanger.communicator.size, "compression": compression,
-                    "memory": memory, "ranks": None, "alone": afresh(exchanger.state_dict(), keep_setup=True)})
+                    "memory": memory, "ranks": None, "alone": afresh(exchanger.state_dict(residuals=False), keep_setup=True)})
 
 
 def _sealed(entry: dict[str, Any]) -> dict[str, Any]:
@@ -163,7 +163,7 @@ def afresh(source: Mapping[str, Any], keep_setup: bool) -> dict[str, Any]:
     """A rank's state with ``source``'s step, and no residuals nor compressors' state; with
     ``keep_setup``, ``source``'s policy decisions and memory plans too (else this run's stay)."""
     def plan(memory: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        return None if memory is None or not keep_setup else without_residuals(memory)
+        return None if memory is None or not keep_setup else {**memory, "slots": {}}  # its plan, no residuals
 
     return {"step": source["step"], "world": source.get("world"), "states": {},
             "policy": source.get("policy") if keep_setup else None,
@@ -233,9 +233,7 @@ def join(exchanger: Exchanger, tensors: Sequence[agreement.Tensor], ops: Any,
     """Begin a world: collective; see the module docstring."""
     exchanger.verify(tensors, ops)
     size = exchanger.communicator.size
-    mine = {key: value for key, value in exchanger.state_dict().items() if key != "states"}
-    for key in ("memory", "own_memory"):
-        mine[key] = None if mine[key] is None else without_residuals(mine[key])
+    mine = exchanger.state_dict(residuals=False)
     everyone = allgather_objects(exchanger, mine, "join", ops)
     steps = [state["step"] for state in everyone]
     if len(set(steps)) == 1 and all(state["world"] in (None, size) for state in everyone):

@@ -192,14 +192,11 @@ class Exchanger:
         if isinstance(tensor, RowSparse) and (self.sparse_as_dense or not compressor.row_sparse or (
                 memory is not None and memory.keeps(name) and not memory.takes_rows(name))):
             tensor = tensor.to_dense()
-        if memory is not None and traced:
-            raise ValueError(f"hvdsketch: {compressor} with residual memory keeps its state between steps in "
-                             f"Python, which tf.function would freeze at tracing; run the step eagerly")
         if self.policy.wants_inputs:
             self._inputs.append((tensor, ctx))
         self.flights.progress()
-        with self.placement(name):  # a trace is no step: it reads the states and keeps none
-            flight = Flight(compressor, tensor, ctx, memory, self.states, keep=not traced)
+        with self.placement(name):
+            flight = Flight(compressor, tensor, ctx, memory, self.states)
             narrow = [ops.dtype_name(m.tensor) for m in flight.messages if ops.dtype_name(m.tensor) in NARROW]
             if narrow:
                 self._narrow[name] = (narrow[0], str(compressor))
@@ -307,14 +304,16 @@ class Exchanger:
 
     # -- checkpoints ------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, residuals: bool = True) -> dict[str, Any]:
         """This rank's state: the step (it seeds the hashes), the policy's choices, the tensors'
         compressor states and the residuals, as numpy arrays and plain values. Only this rank's: a
-        checkpoint of every rank gathers it from each (:func:`hvdsketch.exchange.checkpoint.gather`)."""
+        checkpoint of every rank gathers it from each (:func:`hvdsketch.exchange.checkpoint.gather`).
+        Without ``residuals``, neither residuals nor compressor states: nothing read from a tensor
+        (so a save Keras traces can take it)."""
         return {"step": self.step, "world": self.world, "policy": self.policy.state_dict(),
-                "states": self.states.state_dict(),
-                "memory": None if self.memory is None else self.memory.state_dict(),
-                "own_memory": self.own_memory.state_dict()}
+                "states": self.states.state_dict() if residuals else {},
+                "memory": None if self.memory is None else self.memory.state_dict(residuals),
+                "own_memory": self.own_memory.state_dict(residuals)}
 
     def load_state_dict(self, state: Mapping[str, Any], convert: Any) -> None:
         """Restore :meth:`state_dict`; ``convert(name, array)`` makes the tensor of each array.
@@ -332,12 +331,7 @@ class Exchanger:
         self.states.load_state_dict(state.get("states") or {}, convert)
         for memory, key in ((self.memory, "memory"), (self.own_memory, "own_memory")):
             if memory is not None:
-                memory.load_state_dict(state.get(key) or without_residuals(memory.state_dict()))
-
-
-def without_residuals(memory_state: Mapping[str, Any]) -> dict[str, Any]:
-    """A :meth:`hvdsketch.memory.Memory.state_dict` with its residuals left out (its plan kept)."""
-    return {**memory_state, "slots": {}}
+                memory.load_state_dict(state.get(key) or memory.state_dict(residuals=False))
 
 
 def _constant(value: Any) -> Callable[[], Any]:

@@ -75,6 +75,10 @@ class PlannedMemory(Memory):
     def keeps(self, name: str) -> bool:
         return self.plan is None or super().keeps(name)
 
+    def traceable(self) -> bool:
+        """No: the warm-up observes residuals in Python, and the plan then changes their stores."""
+        return False
+
     def takes_rows(self, name: str) -> bool:
         return self.plan is not None and super().takes_rows(name)
 
@@ -102,7 +106,7 @@ class PlannedMemory(Memory):
         self.plan = self.make_plan()
         self.warmup.stats = {}  # the plan holds what is needed from here on
         ops = backend(like)
-        residuals = {name: self._get(ops, name, Fp32(), like) for name in [*self._state, *self._loaded]}
+        residuals = {name: self._get(ops, name, name, Fp32(), like) for name in [*self._state, *self._loaded]}
         self._state.clear()
         self._slot_store.clear()
         self.stores, self.default = self.plan.stores(), Nothing()
@@ -110,8 +114,8 @@ class PlannedMemory(Memory):
             if state is not None and self.store(name).keeps:
                 self.put(backend(state["e"]), name, self.store(name), state["e"])
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
+    def state_dict(self, residuals: bool = True) -> dict[str, Any]:
+        state = super().state_dict(residuals)
         if self.plan is None:
             state["warmup"] = self.warmup.state_dict()
         else:

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from hvdsketch.compress.state import holding, holds, written
 from hvdsketch.compress.support import RowSparse, values_of
 from hvdsketch.memory.registry import create_store
 from hvdsketch.memory.stores import Fp32, State, Store
@@ -65,17 +66,17 @@ class Memory:
         store = self.store(name)
         if not store.keeps:
             return tensor
-        if isinstance(tensor, RowSparse) and not store.row_sparse:
+        if isinstance(tensor, RowSparse) and not (store.row_sparse and not _traced(tensor)):
             tensor = tensor.to_dense()
         ops = backend(values_of(tensor))
         slot = store.slot(name, _shape(ops, tensor))
-        state = self._get(ops, slot, store, values_of(tensor))
+        state = self._get(ops, name, slot, store, values_of(tensor))
         if state is None:
             return tensor
         start = time.perf_counter()
         residual, held = store.take(ops, state, name, tensor)
         self.seconds[store.name] += time.perf_counter() - start
-        self._set(slot, store, held)
+        self._set(ops, slot, store, held)
         return tensor if residual is None else add(tensor, residual)
 
     def keeps(self, name: str) -> bool:
@@ -92,32 +93,62 @@ class Memory:
         of the compensated tensor."""
         store = self.store(name)
         if store.keeps:
-            if isinstance(residual, RowSparse) and not store.row_sparse:
-                residual = residual.to_dense()
+            if isinstance(residual, RowSparse) and not (store.row_sparse and not _traced(residual)):
+                residual = residual.to_dense()  # (a traced graph holds a residual of one shape: dense)
             self.put(backend(values_of(residual)), name, store, residual)
 
     def put(self, ops: ModuleType, name: str, store: Store, residual: Any) -> None:
         """Fold ``residual`` into ``name``'s state as ``store`` keeps it."""
         slot = store.slot(name, _shape(ops, residual))
-        held = self._get(ops, slot, store, values_of(residual))
+        held = self._get(ops, name, slot, store, values_of(residual))
         start = time.perf_counter()
         state = store.put(ops, held, residual, name)
         self.seconds[store.name] += time.perf_counter() - start
-        self._set(slot, store, state)
+        self._set(ops, slot, store, state)
+
+    def traceable(self) -> bool:
+        """Whether every store keeps a residual in memory of one shape on the device, which a graph
+        being traced holds (:mod:`hvdsketch.compress.state`) and reads and writes at each run."""
+        return all(store.traceable for store in (self.default, *self.stores.values()))
 
     # -- state --------------------------------------------------------------
 
-    def _get(self, ops: ModuleType, slot: str, store: Store, like: Any) -> State | None:
+    def _get(self, ops: ModuleType, name: str, slot: str, store: Store, like: Any) -> State | None:
+        traced = ops.is_symbolic(like)
         if slot in self._loaded:
-            arrays = self._loaded.pop(slot)
-            if str(arrays["store"]) != str(store):
-                raise ValueError(f"hvdsketch: residual {slot!r} was saved with store {str(arrays['store'])!r} "
-                                 f"but this memory keeps it with {str(store)!r}")
-            self._set(slot, store, {key: store.restore(ops, key, value, like)
-                                    for key, value in arrays.items() if key != "store"})
-        return self._state.get(slot)
+            with ops.outside_trace():  # (a graph being traced holds it: made eagerly)
+                restored = self._restored(ops, slot, store, self._loaded.pop(slot), like)
+            self._set(ops, slot, store, restored)
+        state = self._state.get(slot)
+        if traced and not holds((state or {}).values()):
+            state = self._held(ops, name, slot, store, like, state)
+        return state
 
-    def _set(self, slot: str, store: Store, state: State | None) -> None:
+    def _restored(self, ops: ModuleType, slot: str, store: Store, arrays: Mapping[str, Any], like: Any) -> State:
+        _check_store(slot, arrays, store)
+        return {key: store.restore(ops, key, value, like) for key, value in arrays.items() if key != "store"}
+
+    def _held(self, ops: ModuleType, name: str, slot: str, store: Store, like: Any, state: State | None) -> State:
+        """For a graph being traced: ``slot``'s state held, a zero residual's where it has none yet."""
+        if not store.traceable:
+            raise ValueError(f"hvdsketch: residual store {str(store)!r} keeps residuals a traced graph cannot "
+                             f"hold (their shape changes, or they live on the host); run the step eagerly, "
+                             f"or keep residuals with --memory fp32")
+        with ops.outside_trace():
+            if state is None:
+                state = store.put(ops, None, ops.zeros(ops.shape(like), ops.dtype_name(like), like), name)
+            state = holding(ops, state)
+        self._state[slot], self._slot_store[slot] = state, store
+        return state
+
+    def _set(self, ops: ModuleType, slot: str, store: Store, state: State | None) -> None:
+        current = self._state.get(slot)
+        if current is not None and holds(current.values()):  # a traced graph's: written into, never dropped
+            if state is not None:
+                kept = written(current, state, f"residual {slot!r}")
+                if not ops.is_symbolic(next(iter(kept.values()))):
+                    self._state[slot] = kept
+            return
         if state is None:
             self._state.pop(slot, None)
             self._slot_store.pop(slot, None)
@@ -142,10 +173,11 @@ class Memory:
                    for slot, state in self._state.items() if self._slot_store[slot].host == host
                    for key, value in state.items() if key not in self._slot_store[slot].scalars)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The memory as nested dicts of numpy arrays (see the module docstring)."""
-        slots = {slot: dict(arrays) for slot, arrays in self._loaded.items()}
-        for slot, state in self._state.items():
+    def state_dict(self, residuals: bool = True) -> dict[str, Any]:
+        """The memory as nested dicts of numpy arrays (see the module docstring); without
+        ``residuals``, its spec and plan alone (nothing read from a tensor)."""
+        slots = {slot: dict(arrays) for slot, arrays in self._loaded.items()} if residuals else {}
+        for slot, state in self._state.items() if residuals else ():
             store = self._slot_store[slot]
             slots[slot] = {"store": np.asarray(str(store)),
                            **{key: store.export(key, value) for key, value in state.items()}}
@@ -154,18 +186,41 @@ class Memory:
                 "slots": slots}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`; raises ``ValueError`` if it was saved under another spec."""
+        """Resume from :meth:`state_dict`; raises ``ValueError`` if it was saved under another spec.
+        A residual a traced graph holds is written now, into its memory (zero where ``state`` has
+        none for it)."""
         if str(state["spec"]) != self.spec:
             raise ValueError(f"hvdsketch: the residual memory was saved with --memory {str(state['spec'])!r}, "
                              f"this run uses {self.spec!r}")
+        kept = {slot: (self._slot_store[slot], held) for slot, held in self._state.items() if holds(held.values())}
+        for slot, (store, _) in kept.items():
+            if slot in state["slots"]:
+                _check_store(slot, state["slots"][slot], store)
         self.default = create_store(str(state["default"]))
         self.stores = {name: create_store(str(flag)) for name, flag in state["stores"].items()}
         self._state.clear()
         self._slot_store.clear()
         self._loaded = {slot: dict(arrays) for slot, arrays in state["slots"].items()}
+        for slot, (store, held) in kept.items():
+            like = next(iter(held.values()))
+            ops = backend(like)
+            arrays = self._loaded.pop(slot, None)
+            loaded = ({key: ops.zeros(ops.shape(v), ops.dtype_name(v), v) for key, v in held.items()} if arrays is None
+                      else self._restored(ops, slot, store, arrays, like))
+            self._state[slot], self._slot_store[slot] = written(held, loaded, f"residual {slot!r}"), store
 
     def __str__(self) -> str:
         return self.spec
+
+
+def _traced(tensor: Any) -> bool:
+    return backend(values_of(tensor)).is_symbolic(values_of(tensor))
+
+
+def _check_store(slot: str, arrays: Mapping[str, Any], store: Store) -> None:
+    if str(arrays["store"]) != str(store):
+        raise ValueError(f"hvdsketch: residual {slot!r} was saved with store {str(arrays['store'])!r} "
+                         f"but this memory keeps it with {str(store)!r}")
 
 
 def _shape(ops: ModuleType, tensor: Any) -> tuple[int, ...]:

@@ -73,6 +73,9 @@ class Store(ABC):
     #: True when :meth:`put` keeps a :class:`RowSparse` residual as its rows (and :meth:`take` may
     #: give rows back); other stores are given dense residuals.
     row_sparse: ClassVar[bool] = False
+    #: True when a dense residual's state is arrays of fixed shapes on its device, which a graph being
+    #: traced (``tf.function``) holds in variables it reads and writes at each run.
+    traceable: ClassVar[bool] = False
 
     def slot(self, name: str, shape: tuple[int, ...]) -> str:
         """The key the state is kept under; tensors with equal slots share one state."""
@@ -131,6 +134,7 @@ class Fp32(Store):
 
     name: ClassVar[str] = "fp32"
     row_sparse: ClassVar[bool] = True
+    traceable: ClassVar[bool] = True
 
     def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
         dtype = ops.dtype_name(values_of(like))
@@ -259,6 +263,7 @@ class Shared(Fp32):
     name: ClassVar[str] = "shared"
     scalars: ClassVar[tuple[str, ...]] = ("owner", "energy")
     row_sparse: ClassVar[bool] = False
+    traceable: ClassVar[bool] = False
 
     def slot(self, name: str, shape: tuple[int, ...]) -> str:
         return f"shared{tuple(shape)}"
@@ -297,6 +302,7 @@ class Offload(Fp32):
     name: ClassVar[str] = "offload"
     host: ClassVar[bool] = True
     row_sparse: ClassVar[bool] = False
+    traceable: ClassVar[bool] = False
 
     def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
         return ops.cast(ops.to_device(state["e"], like), ops.dtype_name(like)), None

@@ -20,7 +20,7 @@ TensorFlow's tensors are immutable, so there ``out`` is always ``None``.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import numpy as np
 
@@ -54,6 +54,22 @@ class Ops(Protocol):
 
     def is_symbolic(self, x: Tensor) -> bool:
         """True while a graph is being traced (``tf.function``): values do not exist yet."""
+
+    # -- state a traced graph keeps between its runs --------------------------------------------
+
+    def outside_trace(self) -> ContextManager:
+        """A context in which tensors are made eagerly even while a graph is being traced (for the
+        first value of :meth:`hold`); no-op where nothing is traced."""
+
+    def hold(self, x: Tensor) -> Tensor:
+        """Memory holding the eager ``x`` that a traced graph reads and :meth:`assign` writes at each
+        of its runs (TensorFlow: a ``tf.Variable``); ``x`` itself where nothing is traced."""
+
+    def is_held(self, x: Tensor) -> bool:
+        """Whether ``x`` was made by :meth:`hold`."""
+
+    def assign(self, held: Tensor, x: Tensor) -> None:
+        """Write ``x`` (of ``held``'s shape and dtype) into ``held``: in a traced graph, at each run."""
 
     # -- creating tensors (each on ``like``'s device) -------------------------------------------
 

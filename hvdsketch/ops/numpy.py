@@ -2,7 +2,8 @@
 :class:`hvdsketch.ops.contract.Ops`). Everything lives in host memory, so ``like`` only types."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import contextlib
+from typing import Callable, ContextManager, Sequence
 
 import numpy as np
 
@@ -355,3 +356,19 @@ def is_symbolic(x: Tensor) -> bool:
     """True while a graph is being traced (``tf.function``): values do not exist yet and Python-side
     state would be frozen at tracing. Never for NumPy."""
     return False
+
+
+def outside_trace() -> ContextManager:
+    return contextlib.nullcontext()
+
+
+def hold(x: Tensor) -> Tensor:
+    return x
+
+
+def is_held(x: Tensor) -> bool:
+    return False
+
+
+def assign(held: Tensor, x: Tensor) -> None:
+    held[...] = x

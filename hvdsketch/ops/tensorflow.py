@@ -198,7 +198,10 @@ def check_finite(x: Tensor, message: str) -> Tensor:
 
 
 def to_numpy(x: Tensor) -> np.ndarray:
-    return x.numpy()
+    """``x``'s value; a held ``tf.Variable``'s current value even while a graph is traced (a
+    checkpoint Keras saves from inside its traced save function)."""
+    with tf.init_scope():
+        return x.numpy()
 
 
 def nbytes(x: Tensor) -> int | None:
@@ -384,3 +387,23 @@ def is_symbolic(x: Tensor) -> bool:
     """True while a graph is being traced (``tf.function``): values do not exist yet and Python-side
     state would be frozen at tracing."""
     return not tf.executing_eagerly()
+
+
+def outside_trace() -> ContextManager:
+    """Eager even inside ``tf.function``'s tracing (``tf.init_scope``)."""
+    return tf.init_scope()
+
+
+def hold(x: Tensor) -> Tensor:
+    """A ``tf.Variable`` with ``x``'s value, made outside any graph being traced (so the first run
+    of a traced graph reads ``x``, and each run reads what the last assigned)."""
+    with tf.init_scope():
+        return tf.Variable(x, trainable=False)
+
+
+def is_held(x: Tensor) -> bool:
+    return isinstance(x, tf.Variable)
+
+
+def assign(held: Tensor, x: Tensor) -> None:
+    held.assign(x)

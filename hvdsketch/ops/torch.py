@@ -6,8 +6,9 @@ through pinned memory, asynchronously.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import numpy as np
 import torch
@@ -377,3 +378,19 @@ def is_symbolic(x: Tensor) -> bool:
     """True while a graph is being traced (``tf.function``): values do not exist yet and Python-side
     state would be frozen at tracing. Never for PyTorch's eager tensors."""
     return False
+
+
+def outside_trace() -> ContextManager:
+    return contextlib.nullcontext()
+
+
+def hold(x: Tensor) -> Tensor:
+    return x
+
+
+def is_held(x: Tensor) -> bool:
+    return False
+
+
+def assign(held: Tensor, x: Tensor) -> None:
+    held.copy_(x)

@@ -200,8 +200,8 @@ class AutoPolicy(Policy):
         """The compressors worth measuring for a tensor of ``shape`` whose ranks keep at most an
         ``element`` fraction non-zero and whose ranks' non-zero units add up to at most a ``union``
         fraction of units (a bound on their union); ``traced``: only those that work inside
-        ``tf.function`` (not PowerSGD, whose state is Python's, nor the exact sparse methods, whose
-        sizes are known only at run time); ``row_sparse``: the gradient comes as rows."""
+        ``tf.function`` (not the exact sparse methods, whose sizes are known only at run time);
+        ``row_sparse``: the gradient comes as rows."""
         numel = math.prod(shape)
         found = [self._none]
         if dtype in ("float32", "float64"):
@@ -217,7 +217,7 @@ class AutoPolicy(Policy):
         if sketch.plan(shape) is not None:
             found.append(sketch)
         powersgd = create(f"powersgd:rank={self.options.powersgd_rank}")
-        if not traced and powersgd.matrix(shape) is not None:
+        if (powersgd.traceable() or not traced) and powersgd.matrix(shape) is not None:
             found.append(powersgd)
         return found
 

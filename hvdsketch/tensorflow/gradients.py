@@ -15,10 +15,11 @@ where a world begins the ranks compare every variable's name, shape, dtype and w
 Overlap with backward: inside ``tf.function`` each gradient's exchange is its own ops, whose
 inputs are that gradient alone (the per-step check of the ranks' agreement and the finite checks
 hang off the results, never off another gradient), so the runtime starts a layer's collectives as
-soon as backward has computed that layer's gradient. Eagerly, ``tape.gradient`` returns every
-gradient at once and the exchanges start after backward has ended. An exchange that keeps state
-between steps in Python (:meth:`GradientExchange.keeps_python_state`) runs, inside a function, as
-one Python op at every step, which waits for every gradient.
+soon as backward has computed that layer's gradient. State kept between steps (residuals,
+PowerSGD's ``Q``) lives in variables the graph reads and writes (:mod:`hvdsketch.compress.state`).
+Eagerly, ``tape.gradient`` returns every gradient at once and the exchanges start after backward has
+ended. An exchange whose state a graph cannot hold (:meth:`GradientExchange.keeps_python_state`)
+runs, inside a function, as one Python op at every step, which waits for every gradient.
 """
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ from hvdsketch import policy as _policy
 from hvdsketch import spec
 from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.compress import RowSparse, TensorContext
-from hvdsketch.compress.sketch import SparseSketch
 from hvdsketch.compress.support import values_of
 from hvdsketch.digests import digest
 from hvdsketch.exchange import Exchanger, agreement, checkpoint
@@ -203,26 +203,37 @@ class GradientExchange:
             self._sent_at_traces += sent
             self._graph_counts.assign_add(tf.constant([sent, dense, 1], tf.int64))
 
+    def steps_run(self) -> int:
+        """Steps run, eager or by traced graphs: the exchanger's step, advanced now by the steps
+        traced graphs ran since (left as it is while a graph is built: Keras traces its saves)."""
+        exchanger = self.exchanger
+        with tf.init_scope():
+            ran = int(self._graph_counts[2].numpy()) if tf.executing_eagerly() else 0
+            if ran:
+                exchanger.step += ran
+                self._graph_counts.assign_sub(tf.constant([0, 0, ran], tf.int64))
+        return exchanger.step
+
     def report(self) -> dict[str, Any]:
         """What compression saved on this rank (:func:`hvdsketch.exchange.report.report_of`), every
         step counted, eager or inside ``tf.function`` (a traced step counts the bytes its trace sent;
         where an allgather's size is known only at run time, equal shares)."""
-        sent, dense, steps = (int(v) for v in self._graph_counts.numpy())
+        steps = self.steps_run()
+        sent, dense, _ = (int(v) for v in self._graph_counts.numpy())
         exchanger = self.exchanger
         return report_of(exchanger, self._dense_in_python + dense,
-                         sent=exchanger.communicator.stats.bytes_sent - self._sent_at_traces + sent,
-                         steps=exchanger.step + steps)
+                         sent=exchanger.communicator.stats.bytes_sent - self._sent_at_traces + sent, steps=steps)
 
     def keeps_python_state(self) -> bool:
-        """Whether the exchange keeps state between steps in Python, which a traced graph would freeze
-        at its first values: residual memory, a method whose error feedback is its own (PowerSGD's
-        warm start and residuals, EF-SignSGD, DGC), the sketch sized anew every step, a method sized on
-        the host between its rounds (``balanced``); and under
-        Horovod elastic every exchange, since a graph would keep the world size it was traced in."""
+        """Whether the exchange keeps state between steps that a traced graph cannot hold: a compressor
+        that is not :meth:`~hvdsketch.compress.Compressor.traceable` (the sketch sized anew every step,
+        whose size changes its messages' shapes; DGC; PowerSGD without warm start; ``balanced``, sized
+        on the host between its rounds), residual memory other than ``fp32`` (or planned); and under
+        Horovod elastic every exchange, since a graph would keep the world size it was traced in.
+        Residuals, PowerSGD's ``Q`` and the other fixed-shape state a graph holds in variables."""
         exchanger = self.exchanger
-        return checkpoint.in_elastic_job() or exchanger.memory is not None or any(
-            c.feedback or c.host_sized or (isinstance(c, SparseSketch) and not c.sized_in_advance)
-            for c in exchanger.policy.compressors().values())
+        return checkpoint.in_elastic_job() or (exchanger.memory is not None and not exchanger.memory.traceable()) or (
+            not all(c.traceable() for c in exchanger.policy.compressors().values()))
 
     def _in_python(self, grads: list[Any], sources: Sequence[Any], *args: Any) -> list[Any]:
         """Inside ``tf.function``, for an exchange that :meth:`keeps_python_state`: the whole exchange
@@ -252,6 +263,7 @@ class GradientExchange:
         """Every rank's state in one checkpoint (collective; ``None`` outside the process set)."""
         if not self.exchanger.communicator.process_set.included():
             return None
+        self.steps_run()  # the steps traced graphs ran count in the checkpoint
         with tf.init_scope():
             return checkpoint.gather(self.exchanger, tf_ops)
 
@@ -265,6 +277,7 @@ class GradientExchange:
 
     def local_state(self) -> dict[str, Any]:
         """A copy of this rank's state alone (no communication): what Horovod elastic commits."""
+        self.steps_run()  # the steps traced graphs ran count in it
         return copy.deepcopy(self.exchanger.state_dict())
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:

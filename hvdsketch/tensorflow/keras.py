@@ -13,9 +13,10 @@ them every that many steps, as Horovod does.
 ``model.fit`` runs ``train_step`` inside ``tf.function`` unless the model is compiled with
 ``run_eagerly=True``. Inside a function, stateless compressors (``none``, ``fp16``, ``topk``,
 ``randomk``, ``qsgd``, ``terngrad``, ``sketch`` with ``density=`` fixing its size) run as graph
-ops, each gradient's exchange its own; an exchange that keeps state between steps in Python
-(PowerSGD's warm start and error feedback, EF-SignSGD's and DGC's residuals, ``memory=``, the sketch
-sized every step), which tracing would freeze, runs as one Python op every step instead (see
+ops, each gradient's exchange its own, and so do those whose state between steps has a fixed
+shape, held in variables (PowerSGD, EF-SignSGD, ``memory="fp32"``); an exchange whose state a
+graph cannot hold (DGC, the sketch sized every step, other residual stores) runs as one Python op
+every step instead (see
 :meth:`hvdsketch.tensorflow.gradients.GradientExchange.keeps_python_state`): it trains as it
 would eagerly, without overlapping backward.
 

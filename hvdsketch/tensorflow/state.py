@@ -71,11 +71,11 @@ class ExchangeState(tf.train.experimental.PythonState):
     def gather(self) -> None:
         """Collect every rank's state for the next save (collective: every rank, between steps)."""
         exchanges = self.exchanges()
-        self._gathered = ([x.exchanger.step for x in exchanges], [x.gather() for x in exchanges])
+        self._gathered = ([x.steps_run() for x in exchanges], [x.gather() for x in exchanges])
 
     def serialize(self) -> bytes:
         exchanges = self.exchanges()
-        if self._gathered is not None and self._gathered[0] == [x.exchanger.step for x in exchanges]:
+        if self._gathered is not None and self._gathered[0] == [x.steps_run() for x in exchanges]:
             saved = self._gathered[1]
         else:  # a save on this rank alone: no collective
             saved = [checkpoint.alone(x.exchanger) for x in exchanges]

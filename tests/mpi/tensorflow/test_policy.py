@@ -68,7 +68,6 @@ def test_tf_function_decides_at_trace_time(hvd, assert_replicas_identical):
     assert table is not None and agreed(hvd, repr([(r.tensor, r.compressor) for r in table]))
     assert table[0].density == 16 * 8 / 3000  # one stand-in row per looked-up token
     assert table[0].compressor.split(":")[0] in ("topk", "sketch")
-    assert not any(row.compressor.startswith("powersgd") for row in table)  # its state would freeze in a graph
     if table[0].compressor.startswith("sketch"):
         assert all(sparse)  # IndexedSlices stay sparse through the sketch
     assert_replicas_identical(model, "policy.replicas")

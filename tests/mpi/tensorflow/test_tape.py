@@ -208,6 +208,24 @@ def test_first_exchange_does_not_wait_for_the_last_gradient_of_backward(hvd, com
         assert not any(o.type.startswith("Horovod") for o in waits_for)  # nor on any other collective
 
 
+@pytest.mark.parametrize("compression, memory", [("powersgd", None), ("sketch:density=0.05", "fp32"),
+                                                 ("topk:ratio=0.25", "fp32")])
+def test_a_stateful_exchange_does_not_wait_for_the_last_gradient_of_backward(hvd, compression, memory):
+    """PowerSGD's Q and residual, and residual memory, live in variables the graph holds: the last
+    layer's exchange (both of PowerSGD's rounds) waits for its own gradient and its own rounds
+    alone, not for the input layer's gradient nor any other tensor's collective or state."""
+    model, local, collectives = traced(hvd, compression, memory=memory)
+    first, last = model.layers[-1].kernel.name, model.layers[0].kernel.name
+    assert collectives[first] and collectives[last]
+    others = {op for name, ops in collectives.items() if name != first for op in ops}
+    for op in collectives[first]:
+        waits_for = ancestors(op)
+        assert local[first].op in waits_for
+        assert local[last].op not in waits_for
+        assert not waits_for & others
+    assert len(collectives[first]) == (2 if compression == "powersgd" else 1)  # graph ops, no Python op
+
+
 def test_a_group_starts_together(hvd):
     """Horovod's groups: inside tf.function a group's exchanges wait for every gradient of the group."""
     model, local, collectives = traced(hvd, "none", groups=lambda m: [[m.layers[0].kernel, m.layers[3].kernel]])
@@ -224,10 +242,10 @@ def test_device_dense_places_the_exchange(hvd):
 
 
 @pytest.mark.parametrize("flag, memory", [("powersgd:rank=2", None), ("topk:ratio=0.25", "fp32"), ("sketch", None)])
-def test_exchange_keeping_python_state_runs_inside_tf_function_as_eagerly(hvd, flag, memory):
-    """PowerSGD's warm start and residuals, residual memory, the sketch sized every step: inside
-    tf.function such an exchange is one Python op every step, so three steps there give what three
-    eager steps give (bit for bit but for float rounding)."""
+def test_exchange_keeping_state_runs_inside_tf_function_as_eagerly(hvd, flag, memory):
+    """PowerSGD's warm start and residuals, residual memory (graph ops holding variables), the sketch
+    sized every step (one Python op every step): three steps inside tf.function give what three eager
+    steps give (bit for bit but for float rounding)."""
     rng = np.random.default_rng(hvd.rank())
     inputs = [tf.constant(rng.standard_normal((12, 10)).astype(np.float32) * (rng.random((12, 1)) < 0.3))
               for _ in range(3)]
@@ -250,7 +268,7 @@ def test_exchange_keeping_python_state_runs_inside_tf_function_as_eagerly(hvd, f
     assert not np.allclose(finals[0], 1.0)
 
 
-@pytest.mark.parametrize("flag, tags", [("topk:ratio=0.25", 3), ("powersgd:rank=2", 0)])  # graph ops; a Python op
+@pytest.mark.parametrize("flag, tags", [("topk:ratio=0.25", 3), ("powersgd:rank=2", 3), ("sketch", 0)])  # a Python op
 def test_report_counts_every_step_eager_or_inside_tf_function(hvd, flag, tags):
     """``tape.report()``: three steps inside tf.function (a trace's exchange that the graph runs every
     step, or a Python op every step) count what three eager steps count, but for the step tag each
