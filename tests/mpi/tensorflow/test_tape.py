@@ -223,7 +223,8 @@ def test_a_stateful_exchange_does_not_wait_for_the_last_gradient_of_backward(hvd
         assert local[first].op in waits_for
         assert local[last].op not in waits_for
         assert not waits_for & others
-    assert len(collectives[first]) == (2 if compression == "powersgd" else 1)  # graph ops, no Python op
+        assert not any(o.type in ("EagerPyFunc", "PyFunc") for o in waits_for)  # graph ops, no Python op
+    assert len(collectives[first]) >= (2 if compression == "powersgd" else 1)
 
 
 def test_a_group_starts_together(hvd):
