@@ -1,7 +1,7 @@
 """The TensorFlow (tf-keras) training loop of ``hvdsketch train``: one ``tf.function`` step.
 
-With ``memory`` (error feedback, path hvdsketch) the step runs eagerly: residuals live in Python,
-which a traced function would freeze.
+With ``memory`` too: the tape holds ``fp32`` residuals in variables the graph updates, and runs
+what else needs Python each step as a Python op inside the function.
 """
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
 
     if config.collectives != "horovod":
         raise SpecError("collectives: mpi trains PyTorch workloads only (hvdsketch.torch.DistributedOptimizer)")
-    eager = config.memory is not None
-    tapes: list[Any] = []  # hvdsketch's path: the tapes made (one a step eagerly, one a trace in a function)
+    tapes: list[Any] = []  # hvdsketch's path: the tapes made (one per trace of the step)
     if config.path == "horovod":
         from hvdsketch.tensorflow import Compression
 
@@ -80,8 +79,7 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    if not eager:
-        train_step = tf.function(train_step)
+    train_step = tf.function(train_step)
     steps = workload.steps_per_epoch(size)
     if config.steps_per_epoch:
         steps = min(steps, config.steps_per_epoch)

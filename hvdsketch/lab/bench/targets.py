@@ -1,4 +1,4 @@
-"""The targets of the benchmark (issues 12, 14 and 15), decided on the spreads of the repeats of one run.
+"""The targets of the benchmark (issues 12, 14, 15 and 21), decided on the spreads of the repeats of one run.
 
 Per cell (workload, link rate, ranks) a target compares its *subject* entry
 with a *baseline* entry of the same cell (dense Horovod unless it names another):
@@ -15,6 +15,8 @@ auto vs sparse allgather    fasttext  1gbit  ``auto`` no slower per step than Ho
 auto quality                fasttext  1gbit  ``auto``'s accuracy within 1% of dense
 sketch EF codec             fasttext  1gbit  ``sketch-ef``'s codec time per step at most 2x ``sketch``'s
 auto vs DDP+PowerSGD        lstm      1gbit  ``auto`` faster per step than ``ddp-powersgd``
+auto vs Horovod's fp16      lstm_tf   1gbit  hvdsketch's tape with ``auto`` faster per step than Horovod's tape
+                                             with fp16
 hvdsketch none              fashion   1gbit  hvdsketch's optimizer with ``none`` at most 3% slower than Horovod's
 hvdsketch fp16              fashion   1gbit  hvdsketch's optimizer with fp16 at most 3% slower than Horovod's
 drop-in sketch              fashion   1gbit  Horovod's optimizer with ``Compression.sketch()`` at most 3% slower
@@ -253,6 +255,8 @@ TARGETS = (
            subject="sketch-ef"),
     Target("auto vs DDP+PowerSGD", "lstm", "faster than ddp-powersgd", at(RATE), faster_by(1.0),
            subject="auto", baseline="ddp-powersgd"),
+    Target("auto vs Horovod's fp16", "lstm_tf", "faster than Horovod's tape with fp16", at(RATE), faster_by(1.0),
+           subject="auto", baseline="fp16"),
     Target("hvdsketch none", "fashion", "<= 3% slower than Horovod's", at(RATE), slower_by_at_most(0.03),
            subject="none"),
     Target("hvdsketch fp16", "fashion", "<= 3% slower than Horovod's fp16", at(RATE), slower_by_at_most(0.03),
