@@ -474,7 +474,7 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
             for (_, rate, n, label), recs in by_entry.items():
                 bars.setdefault(f"{rate}, {n} ranks", {})[label] = _median(recs, value).bounds()
             path = out / f"{w.name}-{name}.png"
-            report.bar_plot(bars, str(path), f"{w.name}: {unit}, median of the repeats (error bars: their range)",
+            report.bar_plot(bars, str(path), f"{w.name}: {unit}\nmedian of the repeats (error bars: their range)",
                             unit, log=log)
             written.append(path)
     return written
