@@ -359,6 +359,10 @@ def test_report_only_shows_spreads_marks_an_outlying_repeat_and_resumes_by_repea
     others, kept = carried(results, jobs)
     assert sorted(kept) == ["fashion-1gbit-np2-dense-r1", "fashion-1gbit-np2-dense-r2"]
     assert "fashion-1gbit-np2-dense-r3" in [r.key for r in others]
+    # --redo: none of the entry's earlier runs stays, repeat 3 and a key from before repeats neither
+    unrepeated = dataclasses.replace(results[0], key="fashion-1gbit-np2-dense")
+    others, kept = carried(results + [unrepeated], jobs, redo=True)
+    assert kept == {} and sorted({r.label for r in others}) == ["sketch"]  # another entry's runs stay
 
 
 def test_the_watch_finds_a_runs_processes_and_reads_their_cpus(tmp_path):

@@ -98,7 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/bench-train", help="output folder (default runs/bench-train)")
     parser.add_argument("--resume", action="store_true", help="keep the successful runs of an earlier bench.json")
     parser.add_argument("--redo", action="store_true",
-                        help="with --resume: run the selected jobs again, successful or not (the rest is kept)")
+                        help="with --resume: run the selected jobs again, successful or not; none of the selected "
+                             "entries' earlier runs stays (the rest is kept)")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     parser.add_argument("--report-only", action="store_true", help="rebuild bench.md and plots from bench.json")
 
@@ -510,9 +511,12 @@ def carried(before: list[Result], jobs: list[Job], report_only: bool = False,
             redo: bool = False) -> tuple[list[Result], dict[str, Result]]:
     """What a resumed run takes from the earlier ``bench.json``: its results outside this selection
     (another rate, say), kept as they are, and by key those inside it that need no new run (the
-    successful ones unless ``redo``; every one for ``--report-only``)."""
+    successful ones unless ``redo``; every one for ``--report-only``). With ``redo`` none of a
+    selected entry's earlier runs stays, not even repeats the selection does not make (more
+    repeats, or keys from before repeats)."""
     keys = {j.key for j in jobs}
-    return ([r for r in before if r.key not in keys],
+    entries = {(j.workload.name, j.rate, j.ranks, j.label) for j in jobs} if redo else set()
+    return ([r for r in before if r.key not in keys and (r.workload, r.rate, r.ranks, r.label) not in entries],
             {r.key: r for r in before if r.key in keys and (report_only or (r.ok and not redo))})
 
 
