@@ -17,6 +17,7 @@ every rank, the file on rank 0) and give it to ``state.load_state_dict`` on resu
 (:mod:`hvdsketch.torch.ddp`).
 """
 import argparse
+import gc
 import os
 
 import torch
@@ -69,4 +70,7 @@ dist.init_process_group("gloo")
 torch.set_num_threads(1)
 for flag in args.compression:
     train(flag)
+# Each DDP model is garbage in a reference cycle once train() returns: free it while the process
+# group lives (one freed at the interpreter's exit, after destroy_process_group, can abort it).
+gc.collect()
 dist.destroy_process_group()

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import json
 import os
 import time
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         record = _train(config, workload, hook, approximation_rank, start_iter, args.bucket_cap_mb, rank, size, local)
         dist.barrier()  # rank 0 validates last: no rank tears gloo down under another's feet
     finally:
+        gc.collect()  # the DDP model (a reference cycle) freed while gloo lives, not at exit
         dist.destroy_process_group()
     _leave(store, rank, size)
     if rank == 0:
