@@ -140,8 +140,7 @@ def run(args: argparse.Namespace) -> int:
         record = _train(config, workload, hook, approximation_rank, start_iter, args.bucket_cap_mb, rank, size, local)
         dist.barrier()  # rank 0 validates last: no rank tears gloo down under another's feet
     finally:
-        gc.collect()  # the DDP model (a reference cycle) freed while gloo lives, not at exit
-        dist.destroy_process_group()
+        _destroy()
     _leave(store, rank, size)
     if rank == 0:
         print_summary(record)
@@ -161,6 +160,16 @@ def _store(rank: int, size: int) -> Any:
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ.get("MASTER_PORT", 20000 + int(os.environ.get("OMPI_MCA_ess_base_jobid", 9500)) % 20000))
     return dist.TCPStore(host, port, size, is_master=rank == 0, timeout=TIMEOUT)
+
+
+def _destroy() -> None:
+    """Tear the default process group down, first freeing what refers to it: a DDP model is a
+    reference cycle, and one freed at the interpreter's exit, after its gloo group is gone, can abort
+    the exit ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def _leave(store: Any, rank: int, size: int) -> None:

@@ -5,12 +5,10 @@ Open MPI's environment, a TCP store served by rank 0 on a port derived from the 
 abort-on-failure hook of ``tests/mpi/conftest.py`` applies here too: a test failing on one rank
 ends the job instead of leaving the others in a collective. No Horovod is imported.
 """
-import gc
-
 import pytest
 import torch.distributed as dist
 
-from hvdsketch.lab.bench.ddp import TIMEOUT, _leave, _store, launch_env
+from hvdsketch.lab.bench.ddp import TIMEOUT, _destroy, _leave, _store, launch_env
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -22,6 +20,5 @@ def process_group():
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
     yield dist.group.WORLD
     dist.barrier()
-    gc.collect()  # the tests' DDP models (reference cycles) freed while gloo lives, not at exit
-    dist.destroy_process_group()
+    _destroy()
     _leave(store, rank, size)
