@@ -249,7 +249,7 @@ class Exchanger:
         return self.own_memory if compressor.feedback else None
 
     def _stalled(self, waited: float) -> str:
-        return (f"hvdsketch: rank {self.communicator.rank} has waited {waited:.0f} s at step {self.step} for "
+        return (f"hvdsketch: rank {self.communicator.rank} has waited {int(waited)} s at step {self.step} for "
                 f"{self.flights.waiting_for} (in flight: {', '.join(self.flights.names) or '-'}); another rank may not "
                 f"have started the same exchanges (it stopped early, waits elsewhere, or runs another model)")
 

@@ -82,6 +82,6 @@ class Watchdog:
                       f"{self.limit:g}", file=sys.stderr, flush=True)
                 sys.stdout.flush()
                 os._exit(1)
-            if now >= due:
-                due = now + self.seconds
+            if now >= due:  # on the schedule since + k * seconds, however late this thread wakes
+                due += self.seconds * (1 + (now - due) // self.seconds)
                 print(describe(now - since), file=sys.stderr, flush=True)
