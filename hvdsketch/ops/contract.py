@@ -248,7 +248,8 @@ class Ops(Protocol):
         ``limit`` largest in magnitude of them; NaN qualifies and ranks largest (host sync: the count)."""
 
     def nonzero_rows(self, x2d: Tensor) -> Tensor:
-        """int64 indices of the rows of ``x2d`` holding a non-zero, NaN included (host sync: the count)."""
+        """int64 indices of the rows of ``x2d`` with a bit set: NaN and -0.0 count as non-zero (a zero
+        row sent costs bytes, never exactness), and no back-end compares floats (host sync: the count)."""
 
     def positive(self, x: Tensor) -> Tensor:
         """int64 indices where the vector ``x`` is > 0 (host sync: the count)."""

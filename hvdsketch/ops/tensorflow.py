@@ -85,7 +85,9 @@ def pad(x: Tensor, n: int) -> Tensor:
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
-    return tf.reshape(tf.where(tf.reduce_any(tf.not_equal(x2d, 0), axis=1)), [-1])
+    """Rows with a bit set (NaN and -0.0 count as non-zero), as the other back-ends read them."""
+    bits = tf.bitcast(x2d, {1: tf.int8, 2: tf.int16, 4: tf.int32, 8: tf.int64}[x2d.dtype.size])
+    return tf.reshape(tf.where(tf.reduce_any(tf.not_equal(bits, 0), axis=1)), [-1])
 
 
 def positive(x: Tensor) -> Tensor:

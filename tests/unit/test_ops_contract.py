@@ -108,6 +108,26 @@ def test_the_finite_flag_and_check_see_every_nan_and_inf(backend, dtype):
     assert ops.check_finite(finite, "named") is finite
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_nonzero_rows_are_the_rows_with_a_bit_set(backend, dtype):
+    """Zero rows are left out; NaN, -0.0 and the smallest subnormal count; a non-contiguous view too."""
+    import numpy as np
+
+    rows = np.zeros((9, 6), dtype)
+    rows[1, 5], rows[3, 0], rows[4, 2], rows[6, 3] = np.nan, -0.0, np.finfo(dtype).smallest_subnormal, -2
+    ops, x = BACKENDS[backend], _tensor(backend, rows)
+
+    def found(x2d) -> list[int]:
+        return ops.to_numpy(ops.nonzero_rows(x2d)).tolist()
+
+    assert found(x) == [1, 3, 4, 6]
+    assert found(_tensor(backend, rows[:, ::2].copy())) == [3, 4]
+    if backend != "tensorflow":  # a strided view (TensorFlow has none)
+        assert found(x[:, 1::2]) == [1, 6]
+    assert found(_tensor(backend, np.zeros((4, 0), dtype))) == []
+
+
 def _nonfinite_error(backend):
     if backend == "tensorflow":
         import tensorflow as tf
