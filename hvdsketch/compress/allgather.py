@@ -50,6 +50,7 @@ class Gathered:
     units: Any = None
     values: Any = None
     sent: Any = None
+    source: Any = None  # the tensor the units came from (the result may go into its memory)
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ class Allgather(Compressor):
         ops, units, unit_values = units_of(tensor, layout)
         sent = ops.cast(unit_values, self.wire or dtype)
         return ([Message(ops.cast(units, index_dtype(layout)), "allgather"), Message(sent, "allgather")],
-                Gathered(layout, row_sparse, dtype, units, unit_values, sent))
+                Gathered(layout, row_sparse, dtype, units, unit_values, sent, tensor))
 
     def residual(self, tensor: Any, messages: Any, gathered: Gathered, ctx: TensorContext) -> Any:
         """Nothing, but what a narrower wire format rounded off."""
@@ -128,4 +129,5 @@ class Allgather(Compressor):
         if gathered.units is None:
             return ops.reshape(reduced[0], ctx.shape)
         rows, summed = ops.coalesce_rows(reduced[0], ops.cast(reduced[1], gathered.dtype))
-        return from_units(ops, gathered.layout, rows, summed / ctx.world_size, ctx.shape, gathered.row_sparse, ctx.out)
+        return from_units(ops, gathered.layout, rows, summed / ctx.world_size, ctx.shape, gathered.row_sparse, ctx.out,
+                          gathered.source)

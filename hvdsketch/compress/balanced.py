@@ -132,7 +132,7 @@ class Balanced(Compressor):
         owners = Owners.agree(ops, rows_of, layout.units)
         if owners.count == 0:  # no rank holds a non-zero: nothing more to send, alike on every rank
             return from_units(ops, layout, owners.union, ops.zeros((0, layout.unit_len), dtype, values),
-                              ctx.shape, isinstance(tensor, RowSparse), ctx.out), ctx.state
+                              ctx.shape, isinstance(tensor, RowSparse), ctx.out, tensor), ctx.state
         # round two: this rank's rows to their owners, by owner, each owner's in unit order
         mine = ops.gather(owners.owner, ops.gather(ops.scatter(layout.units, owners.union,
                                                                ops.arange(owners.count, like=units)), units))
@@ -155,7 +155,7 @@ class Balanced(Compressor):
         rows_of_union = ops.gather(ops.reshape(ops.cast(gathered, dtype), (-1, layout.unit_len)),
                                    owners.gathered_order(ops))
         return from_units(ops, layout, owners.union, rows_of_union / world, ctx.shape,
-                          isinstance(tensor, RowSparse), ctx.out), ctx.state
+                          isinstance(tensor, RowSparse), ctx.out, tensor), ctx.state
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], tuple[Any, Any]]:
         """Round one: this rank's code of its non-zero units and its header; it keeps its units and

@@ -105,6 +105,7 @@ class Sent:
     hashes: HashFamily | None = None
     union: int | None = None    # units in the reduced bitmap, once recovered
     warned: bool = False        # whether the recovery warned that the union overflowed the plan
+    source: Any = None          # the tensor the units came from (the result may go into its memory)
 
 
 def hash_units(ops: ModuleType, hashes: HashFamily, layout: Layout, units: Any, dtype: str) -> list[tuple[Any, Any]]:
@@ -116,7 +117,8 @@ def hash_units(ops: ModuleType, hashes: HashFamily, layout: Layout, units: Any, 
 def sketch_cells(ops: ModuleType, cols: int, hashed: list[tuple[Any, Any]], values: Any) -> Any:
     """The ``rows x cols`` cells, flat, of the elements ``values`` whose buckets and signs are ``hashed``."""
     flat = ops.flatten(values)
-    return ops.concat([ops.scatter_add(cols, buckets, signs * flat) for buckets, signs in hashed])
+    rows = [ops.scatter_add(cols, buckets, signs * flat) for buckets, signs in hashed]
+    return rows[0] if len(rows) == 1 else ops.concat(rows)
 
 
 def recover(ops: ModuleType, cols: int, hashed: list[tuple[Any, Any]], cells: Any, unit_len: int) -> Any:
@@ -339,7 +341,7 @@ class SparseSketch(Compressor):
         cells = sketch_cells(ops, plan.cols, hashed, unit_values)
         wire = self.wire or dtype
         cells = ops.cast(cells, wire)
-        sent = Sent(plan, row_sparse, dtype, units, unit_values, hashed, hashes)
+        sent = Sent(plan, row_sparse, dtype, units, unit_values, hashed, hashes, source=tensor)
         if self.bitmap == "float":
             return [Message(ops.concat([ops.indicator(layout.units, units, wire), cells]), "average")], sent
         return [Message(ops.pack_bits(ops.indicator(layout.units, units, "uint8")), "bor"),
@@ -383,4 +385,4 @@ class SparseSketch(Compressor):
         sent.hashed = None  # this rank's own hashes are not needed any more
         hashed = hash_units(ops, sent.hashes, layout, union, sent.dtype)
         estimate = recover(ops, plan.cols, hashed, cells, layout.unit_len)
-        return from_units(ops, layout, union, estimate, ctx.shape, sent.row_sparse, ctx.out)
+        return from_units(ops, layout, union, estimate, ctx.shape, sent.row_sparse, ctx.out, sent.source)

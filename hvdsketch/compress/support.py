@@ -99,15 +99,18 @@ def count_units(tensor: Any, layout: Layout) -> int:
 
 
 def from_units(ops: ModuleType, layout: Layout, units: Any, values: Any, shape: Sequence[int],
-               row_sparse: bool, out: Any = None) -> Any:
+               row_sparse: bool, out: Any = None, source: Any = None) -> Any:
     """The tensor of ``shape`` holding ``values`` (``len(units) x unit_len``) at ``units``, zero
     elsewhere: a :class:`RowSparse` when ``row_sparse`` and the units are rows (a matrix's), else dense,
-    written into ``out`` (of ``shape``) when given and the units tile it exactly."""
+    written into ``out`` (of ``shape``) when given and the units tile it exactly. ``source``: the dense
+    tensor sent, whose non-zero units are all among ``units``; where ``out`` is its memory (PyTorch's
+    optimizer averaging ``.grad`` in place), ``out`` is 0 outside them already, and only they are written."""
     if row_sparse and len(shape) >= 2:
         return RowSparse(units, ops.reshape(values, (-1, *shape[1:])), tuple(shape))
     coords = ops.outer_add(units * layout.unit_len, ops.arange(layout.unit_len, like=units))
-    flat = ops.scatter(layout.units * layout.unit_len, coords, ops.flatten(values),
-                       None if layout.ragged else flat_out(ops, out))
+    into = None if layout.ragged else flat_out(ops, out)
+    clean = into is not None and source is not None and not isinstance(source, RowSparse) and ops.same_memory(out, source)
+    flat = ops.scatter(layout.units * layout.unit_len, coords, ops.flatten(values), into, clear=not clean)
     return ops.reshape(flat[:layout.numel] if layout.ragged else flat, shape)
 
 

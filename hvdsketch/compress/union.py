@@ -93,7 +93,7 @@ class Union(Compressor):
         else:
             result = yield from self._sketch(ctx, layout, units, unit_values, union, count, dtype)
         full = not ops.is_symbolic(union) and self.error is None and count == layout.units
-        return (from_units(ops, layout, union, result, ctx.shape, isinstance(tensor, RowSparse), ctx.out),
+        return (from_units(ops, layout, union, result, ctx.shape, isinstance(tensor, RowSparse), ctx.out, tensor),
                 sizing.LatchState(sizing.release(dense_for, full, self.recheck)))
 
     def _values(self, ctx: TensorContext, layout: Layout, units: Any, values: Any, union: Any, count: Any,

@@ -103,9 +103,10 @@ class Ops(Protocol):
     def indicator(self, n: int, idx: Tensor, dtype: str) -> Tensor:
         """A length-``n`` vector of ``dtype``, 1 at ``idx`` and 0 elsewhere, on ``idx``'s device."""
 
-    def scatter(self, n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
+    def scatter(self, n: int, idx: Tensor, values: Tensor, out: Tensor | None = None, clear: bool = True) -> Tensor:
         """A length-``n`` vector, ``values`` at ``idx`` (distinct) and 0 elsewhere, on ``values``' device
-        (written into the length-``n`` vector ``out`` when given, and that returned)."""
+        (written into the length-``n`` vector ``out`` when given, and that returned; ``clear=False``:
+        ``out`` holds 0 outside ``idx`` already, and only ``idx`` is written)."""
 
     def scatter_add(self, n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
         """A length-``n`` vector holding at each index the sum of the ``values`` given for it
@@ -118,6 +119,10 @@ class Ops(Protocol):
     def zero_at(self, x: Tensor, idx: Tensor, out: Tensor | None = None) -> Tensor:
         """``x`` with the entries at the flat positions ``idx`` set to 0 (written into ``out`` when
         given, which may be ``x`` itself, and that returned)."""
+
+    def same_memory(self, a: Tensor, b: Tensor) -> bool:
+        """Whether ``a`` and ``b`` start at the same element of one memory, in one dtype (TensorFlow:
+        never, its tensors are not written into)."""
 
     def into(self, out: Tensor, x: Tensor) -> Tensor:
         """``x`` (of ``out``'s number of elements, any dtype) written into ``out`` as ``out``'s shape

@@ -87,8 +87,8 @@ def gather(x: Tensor, idx: Tensor) -> Tensor:
     return x[idx]
 
 
-def scatter(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
-    out = _zeroed(n, values, out)
+def scatter(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None, clear: bool = True) -> Tensor:
+    out = _zeroed(n, values, out) if clear or out is None else out
     out[idx] = values
     return out
 
@@ -121,8 +121,12 @@ def zero_at(x: Tensor, idx: Tensor, out: Tensor | None = None) -> Tensor:
     return out
 
 
+def same_memory(a: Tensor, b: Tensor) -> bool:
+    return a.ctypes.data == b.ctypes.data and a.dtype == b.dtype
+
+
 def into(out: Tensor, x: Tensor) -> Tensor:
-    if x.ctypes.data != out.ctypes.data or x.dtype != out.dtype:
+    if not same_memory(out, x):
         np.copyto(out, np.reshape(x, out.shape), casting="unsafe")
     return out
 

@@ -103,7 +103,7 @@ def gather(x: Tensor, idx: Tensor) -> Tensor:
     return tf.gather(x, idx)
 
 
-def scatter(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
+def scatter(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None, clear: bool = True) -> Tensor:
     _immutable(out)
     with _on(values):
         return tf.scatter_nd(idx[:, None], values, [n])
@@ -124,6 +124,10 @@ def zero_at(x: Tensor, idx: Tensor, out: Tensor | None = None) -> Tensor:
     _immutable(out)
     flat = tf.reshape(x, [-1])
     return tf.reshape(tf.tensor_scatter_nd_update(flat, idx[:, None], tf.zeros(tf.shape(idx), x.dtype)), tf.shape(x))
+
+
+def same_memory(a: Tensor, b: Tensor) -> bool:
+    return False
 
 
 def into(out: Tensor, x: Tensor) -> Tensor:

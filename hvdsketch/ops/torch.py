@@ -108,8 +108,8 @@ def gather(x: Tensor, idx: Tensor) -> Tensor:
     return x[idx.to(x.device)]
 
 
-def scatter(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
-    out = _zeroed(n, values, out)
+def scatter(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None, clear: bool = True) -> Tensor:
+    out = _zeroed(n, values, out) if clear or out is None else out
     out[idx.to(values.device)] = values.to(out.dtype)
     return out
 
@@ -137,8 +137,12 @@ def zero_at(x: Tensor, idx: Tensor, out: Tensor | None = None) -> Tensor:
     return out
 
 
+def same_memory(a: Tensor, b: Tensor) -> bool:
+    return a.device == b.device and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype
+
+
 def into(out: Tensor, x: Tensor) -> Tensor:
-    if x.data_ptr() == out.data_ptr() and x.dtype == out.dtype:
+    if same_memory(out, x):
         return out
     return out.copy_(x.reshape(out.shape))
 

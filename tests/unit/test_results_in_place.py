@@ -37,6 +37,23 @@ def test_a_dense_result_is_written_into_the_memory_given(backend, flag, shape):
 
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("flag", sorted(REGISTRY))
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_result_written_over_the_gradient_it_averages_has_the_values_it_has_elsewhere(backend, flag, shape):
+    """``out`` is the gradient's own memory (PyTorch's optimizer): the exact methods then write only
+    the union's units, the rest being 0 already; every unit of the result is right all the same."""
+    made, address = BACKENDS[backend]
+    compressor, given, fresh = create(flag), StateTable(), StateTable()
+    for step in range(3):
+        g = made(gradient(shape, step))
+        expected, _ = run_local(compressor, made(gradient(shape, step)), TensorContext("w", shape, step, 1),
+                                states=fresh)
+        result, _ = run_local(compressor, g, TensorContext("w", shape, step, 1, out=g), states=given)
+        assert address(result) == address(g)
+        np.testing.assert_array_equal(np.asarray(result), np.asarray(expected))
+
+
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_fp16_writes_its_message_into_the_memory_of_the_step_before(backend):
     """One read and one write each way: the 16-bit message of every step after the first goes into

@@ -14,8 +14,10 @@ every reduction the identity, in the chosen framework's back-end, with
   ratio        dense bytes / bytes the rank puts into its collectives, all rounds together
   compress     time until the first round's messages are ready, and dense GB/s through it
   decompress   time from the first reduction to the result (PowerSGD's second round included),
-               a dense one written into memory made once, as the PyTorch optimizer writes it into
-               the gradient's own (TensorFlow: a new tensor)
+               a dense one written into the gradient's own memory, as PyTorch's optimizer averages
+               ``.grad`` in place (each step's gradient copied there first, untimed; an exact method
+               then writes only the union's units, the rest being 0 already; with the identity as
+               reduction, ``none`` writes nothing); TensorFlow: a new tensor
   x copy       (compress + decompress) / the time of one copy of the dense gradient into an
                existing buffer on its device (median, and the range over the repeats)
   error        ||result - g|| / ||g||: what one rank's compression loses, before averaging
@@ -187,11 +189,17 @@ def bench(flag: str, g: np.ndarray, tensor: Any, repeats: int, warmup: int, copy
     if isinstance(tensor, RowSparse) and not compressor.row_sparse:
         tensor = tensor.to_dense()  # as the exchanger hands it over
     ops = backend_of(tensor)
-    # a dense result goes into memory made once, as PyTorch's optimizer gives it the gradient's own
-    out = None if isinstance(tensor, RowSparse) or ops.name == "tensorflow" else ops.zeros(g.shape, "float32", tensor)
+    # a dense result goes into the gradient's own memory, as PyTorch's optimizer averages .grad in place:
+    # each step's gradient is copied there first, outside the timing
+    own = None if isinstance(tensor, RowSparse) or ops.name == "tensorflow" else ops.zeros(g.shape, "float32", tensor)
     states = StateTable()
-    runs = [measure(compressor, tensor, g.shape, step, residuals, out, states)
-            for step in range(warmup + repeats)][warmup:]
+
+    def step(number: int) -> tuple[float, float, Any, list[list[Any]]]:
+        if own is None:
+            return measure(compressor, tensor, g.shape, number, residuals, None, states)
+        return measure(compressor, ops.into(own, tensor), g.shape, number, residuals, own, states)
+
+    runs = [step(number) for number in range(warmup + repeats)][warmup:]
     compress_s = statistics.median(r[0] for r in runs)
     decompress_s = statistics.median(r[1] for r in runs)
     totals = [(r[0] + r[1]) / copy_s for r in runs]
