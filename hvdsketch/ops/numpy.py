@@ -69,7 +69,7 @@ def nonzero_rows(x2d: Tensor) -> Tensor:
     """int64 indices of the rows of ``x2d`` with a bit set (NaN and -0.0 count as non-zero): one
     OR-reduction of it read as integers of the same size (one pass, no temporary the size of ``x2d``)."""
     bits = x2d.view(f"i{x2d.dtype.itemsize}")
-    return np.flatnonzero(np.bitwise_or.reduce(bits, axis=1)).astype(np.int64)
+    return np.flatnonzero(np.bitwise_or.reduce(bits, axis=1)).astype(np.int64, copy=False)
 
 
 def positive(x: Tensor) -> Tensor:

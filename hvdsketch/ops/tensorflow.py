@@ -86,7 +86,7 @@ def pad(x: Tensor, n: int) -> Tensor:
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
     """Rows with a bit set (NaN and -0.0 count as non-zero), as the other back-ends read them."""
-    bits = tf.bitcast(x2d, {1: tf.int8, 2: tf.int16, 4: tf.int32, 8: tf.int64}[x2d.dtype.size])
+    bits = tf.bitcast(x2d, tf.as_dtype(f"int{8 * x2d.dtype.size}"))
     return tf.reshape(tf.where(tf.reduce_any(tf.not_equal(bits, 0), axis=1)), [-1])
 
 

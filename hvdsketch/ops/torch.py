@@ -19,7 +19,6 @@ name = "torch"
 writable = True
 Tensor = torch.Tensor
 
-_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
            "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
            "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
@@ -88,9 +87,9 @@ def nonzero_rows(x2d: Tensor) -> Tensor:
     ``x2d``), on a device a row whose largest and smallest integer are 0."""
     if x2d.shape[1] == 0:
         return torch.zeros(0, dtype=torch.int64, device=x2d.device)
-    bits = x2d.detach().view(_SAME_SIZE_INT[x2d.element_size()])
+    bits = x2d.detach().view(_DTYPES[f"int{8 * x2d.element_size()}"])
     if bits.device.type == "cpu":
-        return torch.from_numpy(np.flatnonzero(np.bitwise_or.reduce(bits.numpy(), axis=1)).astype(np.int64))
+        return torch.from_numpy(np.flatnonzero(np.bitwise_or.reduce(bits.numpy(), axis=1)).astype(np.int64, copy=False))
     return torch.nonzero((bits.amax(dim=1) != 0) | (bits.amin(dim=1) != 0)).reshape(-1)
 
 
