@@ -85,7 +85,11 @@ class ExchangeState(tf.train.experimental.PythonState):
         return pickle.dumps({"format": FORMAT, "exchanges": saved}, protocol=pickle.HIGHEST_PROTOCOL)
 
     def deserialize(self, string_value: bytes) -> None:
-        saved = pickle.loads(string_value)
+        try:
+            saved = pickle.loads(string_value)
+        except Exception as error:  # whatever the bytes make pickle raise: not an entry hvdsketch wrote
+            raise ValueError(f"hvdsketch: the checkpoint's hvdsketch entry cannot be read ({error!r}): it is not one "
+                             f"hvdsketch's ExchangeState saved") from error
         if not isinstance(saved, dict) or saved.get("format") != FORMAT:
             raise ValueError("hvdsketch: the checkpoint's hvdsketch entry is not one hvdsketch's ExchangeState saved")
         self._restored = string_value

@@ -9,6 +9,7 @@ rank 0's state alone would do) makes the continuation differ, so the tests can f
 import gc
 import os
 import pickle
+import shutil
 import warnings
 
 import numpy as np
@@ -225,6 +226,37 @@ def test_a_checkpoint_of_another_method_is_a_clear_error(hvd, folder):
     with pytest.raises(ValueError, match="compression 'powersgd:rank=2'.*this run: 'dgc:ratio=0.05'"):
         resumed.train(hvd, STEPS, steps=1)
 
+
+
+def test_a_damaged_checkpoint_is_a_clear_error_on_every_rank(hvd, folder):
+    """One bit flipped in the middle of the checkpoint's data: TensorFlow's checksums find it where the
+    tensor is read (the restore, or the first step for the optimizer's slots), alike on every rank, and
+    nothing trains on from it. An hvdsketch entry edited without its checksum, or bytes that are no
+    entry at all, are a ValueError naming the entry."""
+    _, path = uninterrupted(hvd, CASES[0], os.path.join(folder, "damage"))
+    flipped = path + "-flipped"
+    if hvd.rank() == 0:
+        for suffix in (".index", ".data-00000-of-00001"):
+            shutil.copy(path + suffix, flipped + suffix)
+        with open(flipped + ".data-00000-of-00001", "r+b") as data:
+            middle = os.fstat(data.fileno()).st_size // 2
+            data.seek(middle)
+            byte = data.read(1)[0]
+            data.seek(middle)
+            data.write(bytes([byte ^ 0x10]))
+    hvd.broadcast_object(None, 0, name="resume.flipped")  # the others wait for the file
+    resumed = Run(CASES[0])
+    with pytest.raises(tf.errors.OpError, match="Checksum does not match"):
+        resumed.checkpoint.restore(flipped)
+        resumed.train(hvd, STEPS, steps=1)
+
+    edited = pickle.loads(saved_blob(path))
+    edited["exchanges"][0]["ranks"].reverse()  # each rank's state given to another, not sealed anew
+    running = Run(CASES[0]).train(hvd, 0, steps=1)  # its tape's exchange exists: the error comes at restore
+    with pytest.raises(ValueError, match="'hvdsketch' entry is damaged: its contents do not match its checksum"):
+        running.state.deserialize(pickle.dumps(edited))
+    with pytest.raises(ValueError, match="hvdsketch entry cannot be read"):
+        running.state.deserialize(b"hand-edited text")
 
 # -- the tf-keras optimizer under model.fit: GatherStateCallback ahead of rank 0's ModelCheckpoint ------------
 

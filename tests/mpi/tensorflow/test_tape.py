@@ -300,3 +300,34 @@ def test_report_counts_every_step_eager_or_inside_tf_function(hvd, flag, tags):
     assert traced["bytes_dense_allreduce"] == eager["bytes_dense_allreduce"] == ring_allreduce_bytes(
         3 * 12 * 10 * 4, hvd.size())
     assert traced["ratio"] == traced["bytes_dense_allreduce"] / traced["bytes_sent"]
+
+
+@pytest.mark.parametrize("front", ["tape", "keras"])
+def test_tracing_logs_nothing_from_autograph(hvd, front):
+    """Inside ``tf.function`` hvdsketch's code is plain Python over ops, never AutoGraph's to convert:
+    a traced step with the tape or the tf-keras optimizer (sketch with residual memory, PowerSGD)
+    logs no "AutoGraph could not transform ... Please report this to the TensorFlow team"."""
+    import logging
+
+    import hvdsketch.tensorflow as hvdsketch_tf
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    tf.get_logger().addHandler(handler)
+    try:
+        for flag, memory in [("sketch:error=0.5", "fp32"), ("powersgd:rank=2", None)]:
+            model = mlp(2)
+            x = batch(hvd, model)
+            if front == "keras":
+                optimizer = hvdsketch_tf.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=flag,
+                                                                    memory=memory)
+                model.compile(optimizer=optimizer, loss="mse")
+                model.fit(x, tf.zeros((4, 8)), batch_size=4, epochs=2, verbose=0)
+            else:
+                gradients(lambda tape: DistributedGradientTape(tape, compression=flag, memory=memory),
+                          model, x, graph=True)
+    finally:
+        tf.get_logger().removeHandler(handler)
+    said = [record.getMessage() for record in records if "AutoGraph" in record.getMessage()]
+    assert not said, said[0]
