@@ -124,7 +124,7 @@ class Balanced(Compressor):
         ops, dtype = backend(values), backend(values).dtype_name(values)
         if ops.is_symbolic(values):
             raise ValueError("hvdsketch: balanced sizes its rounds on the host from the ranks' rows; it cannot "
-                             "be traced into a graph (hvdsketch's tape runs it as a Python op inside tf.function)")
+                             "be traced into a graph (hvdsketch's tape runs it in Python ops inside tf.function)")
         rows_of = self.decompress((yield Round(messages)), None, ctx)
         # the ranks whose rows came back: all of them, or this one alone where an exchange is run over
         # this rank by itself (a cost measurement's run_local), which is then rank 0 of 1

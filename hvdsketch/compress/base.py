@@ -122,8 +122,8 @@ class Compressor(ABC):
     def traceable(self) -> bool:
         """Whether the exchange can be traced once into a graph (``tf.function``) that runs it step
         after step without Python: not where it sizes rounds on the host (:attr:`host_sized`) or keeps
-        state whose shape changes, or that only Python can advance. TensorFlow runs the others as one
-        Python op inside ``tf.function``."""
+        state whose shape changes, or that only Python can advance. TensorFlow runs the others in
+        Python ops inside ``tf.function``."""
         return not self.host_sized
 
     def held_state(self, record: Any, like: Any, ctx: TensorContext) -> Any:

@@ -1,7 +1,7 @@
 """The TensorFlow (tf-keras) training loop of ``hvdsketch train``: one ``tf.function`` step.
 
 With ``memory`` too: the tape holds ``fp32`` residuals in variables the graph updates, and runs
-what else needs Python each step as a Python op inside the function.
+what else needs Python each step in Python ops inside the function.
 """
 from __future__ import annotations
 

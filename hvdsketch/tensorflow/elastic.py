@@ -26,7 +26,7 @@ and every ``DistributedGradientTape``'s):
   has state, and rank 0 warns (:class:`~hvdsketch.exchange.checkpoint.StateReset`).
 
 Under Horovod elastic every exchange runs eagerly at every step, inside ``tf.function``
-as one Python op (:meth:`~hvdsketch.tensorflow.gradients.GradientExchange.keeps_python_state`):
+in Python ops (:meth:`~hvdsketch.tensorflow.gradients.GradientExchange.keeps_python_state`):
 a traced exchange would keep the world size it was traced in.
 """
 from __future__ import annotations

@@ -19,7 +19,8 @@ soon as backward has computed that layer's gradient. State kept between steps (r
 PowerSGD's ``Q``) lives in variables the graph reads and writes (:mod:`hvdsketch.compress.state`).
 Eagerly, ``tape.gradient`` returns every gradient at once and the exchanges start after backward has
 ended. An exchange whose state a graph cannot hold (:meth:`GradientExchange.keeps_python_state`)
-runs, inside a function, as one Python op at every step, which waits for every gradient.
+runs, inside a function, in Python ops at every step: each gradient's exchange starts in an op that
+waits for that gradient alone, and one more op finishes them all.
 """
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ class GradientExchange:
             #: Bytes sent, their dense equivalent and steps, added up by each traced graph as it runs.
             self._graph_counts = tf.Variable(tf.zeros(3, tf.int64), trainable=False, name="hvdsketch_counts")
         self._sent_at_traces = 0  # bytes the communicator counted while tracing: once a trace, not a step
-        self._dense_in_python = 0  # dense bytes of the exchanges run in Python (eagerly, or as a Python op)
+        self._dense_in_python = 0  # dense bytes of the exchanges run in Python (eagerly, or in Python ops)
 
     def placement(self, name: str) -> Any:
         device = self._devices.get(name, "")
@@ -167,26 +168,30 @@ class GradientExchange:
         names = _names(sources, generic_names)
         shapes = [tuple(int(d) for d in s.shape) for s in sources]
         shared = [i for i, s in enumerate(sources) if s.ref() not in local]
-        # where a world begins, every rank agrees, eagerly (hvdsketch.exchange.checkpoint)
-        checkpoint.begin(exchanger, lambda: _described(sources, names, shapes, shared), tf_ops, rejoin=self.rejoin,
-                         scope=tf.init_scope)
-        self.rejoin = False
+
+        def begin() -> None:  # where a world begins, every rank agrees, eagerly (hvdsketch.exchange.checkpoint)
+            checkpoint.begin(exchanger, lambda: _described(sources, names, shapes, shared), tf_ops,
+                             rejoin=self.rejoin, scope=tf.init_scope)
+            self.rejoin = False
+
+        begin()
         for i in shared:  # no gradient on this rank (a branch others take): take part with zeros, as in PyTorch
             if grads[i] is None:
                 grads[i] = _zeros_like(sources[i])
         inputs = {names[i]: _as_hvdsketch(grads[i]) for i in shared}
         self._decide_if_traced(inputs, shapes, shared)
-        if not tf.executing_eagerly() and self.keeps_python_state():
-            return self._in_python(grads, sources, groups, local, scale_local_gradients, generic_names)
         for group in _index_groups(groups, sources, shared):
             _start_together(grads, group)
             inputs.update({names[i]: _as_hvdsketch(grads[i]) for i in group})
         self._devices = {names[i]: self.device_sparse if isinstance(grads[i], tf.IndexedSlices) else self.device_dense
                          for i in shared}
-        sent = exchanger.communicator.stats.bytes_sent
-        averaged = exchanger.exchange(inputs)
-        self._count(exchanger.communicator.stats.bytes_sent - sent,
-                    sum(math.prod(shapes[i]) * sources[i].dtype.size for i in shared))
+        dense = sum(math.prod(shapes[i]) * sources[i].dtype.size for i in shared)
+        if not tf.executing_eagerly() and self.keeps_python_state():
+            averaged = self._in_python({names[i]: grads[i] for i in shared}, begin, dense)
+        else:
+            sent = exchanger.communicator.stats.bytes_sent
+            averaged = exchanger.exchange(inputs)
+            self._count(exchanger.communicator.stats.bytes_sent - sent, dense)
         for i in shared:
             grads[i] = _as_tf(averaged[names[i]])
         if scale_local_gradients and len(shared) < len(grads):
@@ -235,27 +240,48 @@ class GradientExchange:
         return checkpoint.in_elastic_job() or (exchanger.memory is not None and not exchanger.memory.traceable()) or (
             not all(c.traceable() for c in exchanger.policy.compressors().values()))
 
-    def _in_python(self, grads: list[Any], sources: Sequence[Any], *args: Any) -> list[Any]:
-        """Inside ``tf.function``, for an exchange that :meth:`keeps_python_state`: the whole exchange
-        as one op (``tf.py_function``) that runs it eagerly at every step, so its state advances
-        step by step as outside a function. It starts once every gradient is computed (no overlap
-        with backward) and returns dense gradients."""
-        present = [i for i, g in enumerate(grads) if g is not None]
-        structure = [grads[i] for i in present]
+    def _in_python(self, grads: dict[str, Any], begin: Callable[[], None], dense: int) -> dict[str, tf.Tensor]:
+        """Inside ``tf.function``, for an exchange that :meth:`keeps_python_state`: the exchange runs in
+        Python ops (``tf.py_function``) at every step, eagerly, so its state advances step by step as
+        outside a function, and it still overlaps backward: each gradient's exchange starts in an op of
+        its own, whose one input is that gradient, and one more op, after every start, finishes them
+        all and gives the averages (dense). ``tf.function`` runs ops with side effects, these too, in
+        the order they were made, so the starts are made in the order backward computes the
+        gradients, the last variable's first: the runtime starts each as soon as its gradient exists.
+        ``begin()`` (the ranks' agreement where a world begins) runs at each step's first start."""
+        exchanger = self.exchanger
 
-        def run(*flat: tf.Tensor) -> list[tf.Tensor]:
-            full = list(grads)
-            for i, g in zip(present, tf.nest.pack_sequence_as(structure, list(flat), expand_composites=True)):
-                full[i] = g
-            out = self(full, sources, *args)
-            return [tf.convert_to_tensor(out[i]) for i in present]
+        def abandoning(run: Callable[..., Any]) -> Callable[..., Any]:
+            def guarded(*args: Any) -> Any:
+                try:
+                    return run(*args)
+                except BaseException:
+                    exchanger.abandon()  # no flight of a broken step is left for the next one
+                    raise
+            return guarded
 
-        outs = tf.py_function(run, tf.nest.flatten(structure, expand_composites=True),
-                              Tout=[grads[i].dtype for i in present], name="hvdsketch_exchange")
-        for i, out in zip(present, outs):
-            out.set_shape(sources[i].shape)
-            grads[i] = out
-        return grads
+        def start(name: str, like: Any) -> Callable[..., tf.Tensor]:
+            def run(*flat: tf.Tensor) -> tf.Tensor:
+                if not exchanger.in_flight:
+                    begin()
+                exchanger.start(name, _as_hvdsketch(tf.nest.pack_sequence_as(like, list(flat), expand_composites=True)))
+                return tf.constant(True)
+            return abandoning(run)
+
+        started = [tf.py_function(start(name, grad), tf.nest.flatten(grad, expand_composites=True), Tout=tf.bool,
+                                  name="hvdsketch_start")
+                   for name, grad in reversed(grads.items())]
+
+        @abandoning
+        def finish(*_: tf.Tensor) -> list[tf.Tensor]:
+            averaged = exchanger.finish()
+            self._count(0, dense)  # eagerly: the communicator counted what was sent
+            return [tf.convert_to_tensor(_as_tf(averaged[name])) for name in grads]
+
+        outs = tf.py_function(finish, started, Tout=[grad.dtype for grad in grads.values()], name="hvdsketch_finish")
+        for out, grad in zip(outs, grads.values()):
+            out.set_shape(_dense_shape(grad))
+        return dict(zip(grads, outs))
 
     # -- checkpoints (hvdsketch.tensorflow.state) and Horovod elastic (hvdsketch.tensorflow.elastic) --
 
@@ -363,6 +389,13 @@ def _zeros_like(source: Any) -> tf.Tensor:
     the source's value: constant zeros would let TensorFlow fold the collective they feed into the graph
     when it optimizes it, and the other ranks would wait for this rank's collective forever."""
     return tf.zeros_like(source) if tf.executing_eagerly() else tf.convert_to_tensor(source) * 0
+
+
+def _dense_shape(grad: Any) -> tf.TensorShape:
+    """The static shape of ``grad`` as a dense tensor."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.TensorShape(tf.get_static_value(grad.dense_shape))
+    return grad.shape
 
 
 def _as_hvdsketch(grad: Any) -> Any:

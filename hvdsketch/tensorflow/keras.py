@@ -15,10 +15,10 @@ them every that many steps, as Horovod does.
 ``randomk``, ``qsgd``, ``terngrad``, ``sketch`` with ``density=`` fixing its size) run as graph
 ops, each gradient's exchange its own, and so do those whose state between steps has a fixed
 shape, held in variables (PowerSGD, EF-SignSGD, ``memory="fp32"``); an exchange whose state a
-graph cannot hold (DGC, the sketch sized every step, other residual stores) runs as one Python op
+graph cannot hold (DGC, the sketch sized every step, other residual stores) runs in Python ops
 every step instead (see
 :meth:`hvdsketch.tensorflow.gradients.GradientExchange.keeps_python_state`): it trains as it
-would eagerly, without overlapping backward.
+would eagerly, each gradient's exchange started as soon as that gradient exists.
 
 Checkpoints: the optimizer tracks every rank's hvdsketch state as ``optimizer.hvdsketch_state``
 (:class:`hvdsketch.tensorflow.state.ExchangeState`), so ``tf.train.Checkpoint(optimizer=...)``

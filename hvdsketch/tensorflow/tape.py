@@ -9,9 +9,9 @@ gradient alone, so the runtime starts it as soon as backward has computed it, wh
 on through the earlier layers; eagerly, ``tape.gradient`` returns every gradient at once, so the
 exchanges start after backward (eager TensorFlow cannot overlap them). Inside a function the hash
 seeds are fixed when it is traced (the step is a Python number at trace time), and an exchange that
-keeps state between steps in Python (PowerSGD, EF-SignSGD, DGC, residual memory, the sketch sized
-every step), which tracing would freeze, runs as one Python op every step instead: it advances as
-eagerly, without overlapping backward.
+keeps state between steps that a graph cannot hold in variables (DGC, residual memory other than
+``fp32``, the sketch sized every step), which tracing would freeze, runs in Python ops every step instead: it advances as
+eagerly, each gradient's exchange started in an op that waits for that gradient alone.
 
 Per-tensor policies (:mod:`hvdsketch.policy`) work in both modes. Eagerly, ``auto`` warms up and
 decides at the first calls, like the PyTorch optimizer. Inside ``tf.function`` every decision is

@@ -512,7 +512,7 @@ def test_bench_train_runs_a_tiny_matrix_on_the_cluster(tmp_path):
                       }, bench["results"]
     records = {(r["workload"], r["label"]): r["record"] for r in bench["results"] if r["status"] == "ok"}
     assert records["fashion", "none"]["steps"] == 3 and records["fashion", "none"]["bytes_sent_per_step"] > 0
-    # the TF tape's sketch runs as a Python op inside tf.function: its bytes are counted as it runs
+    # the TF tape's sketch runs in Python ops inside tf.function: its bytes are counted as it runs
     tape, dense = records["lstm_tf", "sketch"], records["lstm_tf", "dense"]
     assert 0 < tape["bytes_sent_per_step"] < dense["bytes_sent_per_step"]
     fallback = next(t for t in bench["targets"] if t["target"] == "hvdsketch none")

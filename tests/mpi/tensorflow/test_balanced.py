@@ -1,6 +1,6 @@
 """The balanced exact method over Horovod's TensorFlow collectives (its alltoall with splits): the
 dense average in every support scenario (tests/exact_cases.py), and through DistributedGradientTape
-as Horovod's own tape averages, eagerly and inside tf.function (where it runs as a Python op)."""
+as Horovod's own tape averages, eagerly and inside tf.function (where it runs in Python ops)."""
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -227,6 +227,27 @@ def test_a_stateful_exchange_does_not_wait_for_the_last_gradient_of_backward(hvd
     assert len(collectives[first]) >= (2 if compression == "powersgd" else 1)
 
 
+
+@pytest.mark.parametrize("compression, memory", [("sketch:error=0.5", "fp32"), ("sketch", None),
+                                                 ("dgc:ratio=0.25", None), ("topk:ratio=0.25", "fp16")])
+def test_an_exchange_kept_in_python_starts_while_backward_goes_on(hvd, compression, memory):
+    """State a graph cannot hold (the sketch sized every step, DGC, a 16-bit residual memory) runs in
+    Python ops at every step: the last layer's exchange starts in an op that waits for its own
+    gradient, not for the input layer's, and the op that finishes every exchange waits for both."""
+    model, local, _ = traced(hvd, compression, memory=memory)
+    first, last = model.layers[-1].kernel.name, model.layers[0].kernel.name
+    graph = local[first].graph
+    starts = {op: ancestors(op) for op in graph.get_operations() if op.type == "EagerPyFunc"
+              and op.name.split("/")[-1].startswith("hvdsketch_start")}
+    assert len(starts) == len(model.trainable_variables)
+    (start,) = [op for op in starts if local[first].name in [t.name for t in op.inputs]]
+    assert local[first].op in starts[start] and local[last].op not in starts[start]
+    # the starts run one after another in the order they were made, the same on every rank (a start's
+    # eager collectives block it until every rank has started them)
+    assert sorted(len(waits & set(starts)) for waits in starts.values()) == list(range(len(starts)))
+    (finish,) = [op for op in graph.get_operations() if op.type == "EagerPyFunc" and "hvdsketch_finish" in op.name]
+    assert {local[first].op, local[last].op} <= ancestors(finish) and set(starts) <= ancestors(finish)
+
 def test_a_group_starts_together(hvd):
     """Horovod's groups: inside tf.function a group's exchanges wait for every gradient of the group."""
     model, local, collectives = traced(hvd, "none", groups=lambda m: [[m.layers[0].kernel, m.layers[3].kernel]])
@@ -245,7 +266,7 @@ def test_device_dense_places_the_exchange(hvd):
 @pytest.mark.parametrize("flag, memory", [("powersgd:rank=2", None), ("topk:ratio=0.25", "fp32"), ("sketch", None)])
 def test_exchange_keeping_state_runs_inside_tf_function_as_eagerly(hvd, flag, memory):
     """PowerSGD's warm start and residuals, residual memory (graph ops holding variables), the sketch
-    sized every step (one Python op every step): three steps inside tf.function give what three eager
+    sized every step (Python ops every step): three steps inside tf.function give what three eager
     steps give (bit for bit but for float rounding)."""
     rng = np.random.default_rng(hvd.rank())
     inputs = [tf.constant(rng.standard_normal((12, 10)).astype(np.float32) * (rng.random((12, 1)) < 0.3))
