@@ -28,7 +28,8 @@ class TrainConfig:
     workload: str
     compression: str | dict | list = "none"  # a flag, or per-tensor rules (hvdsketch.policy)
     memory: str | None = None  # residual memory flag (error feedback); path hvdsketch only
-    path: Literal["hvdsketch", "horovod"] = "hvdsketch"
+    # local: no exchange at all, each rank trains alone on its batches (the limit a step's time can reach)
+    path: Literal["hvdsketch", "horovod", "local"] = "hvdsketch"
     collectives: Literal["horovod", "mpi"] = "horovod"  # path hvdsketch: whose collectives move the messages
     epochs: int = 1
     steps_per_epoch: int | None = None
@@ -70,6 +71,9 @@ class TrainConfig:
             yield f"clip must be > 0 (or left out for no clipping), got {self.clip}"
         if not self.out.strip():
             yield "out is empty; e.g. 'out: runs'"
+        if self.path == "local" and (self.compression != "none" or self.memory is not None):
+            yield ("path local exchanges nothing, so it takes compression none and no memory (the config has "
+                   f"compression {self.compression!r}, memory {self.memory!r})")
         if self.path == "horovod":
             if self.memory is not None:
                 yield ("memory needs path hvdsketch: Horovod's own optimizer keeps no residuals, so "

@@ -8,7 +8,10 @@ Rank 0 shows a progress bar per epoch, validates after each epoch, prints a
 summary of quality, time and bytes sent against dense allreduce, and writes a
 JSON record of the run. ``path: hvdsketch`` (default) uses
 :func:`hvdsketch.torch.DistributedOptimizer`; ``path: horovod`` uses Horovod's
-own optimizer with the drop-in compression, as a user's unchanged script would.
+own optimizer with the drop-in compression, as a user's unchanged script would;
+``path: local`` exchanges nothing (each rank trains alone: the limit a step's
+time can reach). The summary says where a step's time went
+(:mod:`hvdsketch.lab.breakdown`: compute, codec, wait, update).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdsketch import spec
+from hvdsketch.lab import breakdown
 from hvdsketch.lab.config import TrainConfig
 from hvdsketch.policy import label
 
@@ -31,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compression", help="compression flag, e.g. sketch:error=0.5 "
                         f"(overrides ${spec.ENV_VAR} and the config)")
     parser.add_argument("--memory", help="residual memory flag, e.g. fp32 or plan:budget=0.25")
-    parser.add_argument("--path", choices=["hvdsketch", "horovod"], help="whose DistributedOptimizer")
+    parser.add_argument("--path", choices=["hvdsketch", "horovod", "local"],
+                        help="whose DistributedOptimizer (local: none, no exchange)")
     parser.add_argument("--collectives", choices=["horovod", "mpi"],
                         help="path hvdsketch (PyTorch): Horovod's collectives (default) or hvdsketch's MPI layer")
     parser.add_argument("--sparse-as-dense", choices=["true", "false"],
@@ -70,10 +75,14 @@ def print_summary(record: dict[str, Any]) -> None:
     sent, dense = record["bytes_sent_per_step"], record["bytes_dense_per_step"]
     print(f"\n== {record['workload']} | {record['compression']} | {record['size']} ranks | "
           f"{record['path']} path")
-    exchange = ("not timed apart: tf.function or DDP" if record["exchange_s"] is None
-                else f"exchange {1000 * record['exchange_s']:.1f} ms")
+    parts = breakdown.of(record)
+    split = ("parts not timed apart: tf.function, or DDP's own hooks" if parts is None else
+             ", ".join(f"{part} {1000 * seconds:.1f}" for part, seconds in parts.items() if seconds is not None) + " ms")
     print(f"   epochs {record['epochs']}, steps {record['steps']}, wall {record['wall_s']:.1f} s, "
-          f"step {1000 * record['step_s']:.1f} ms ({exchange})")
+          f"step {1000 * record['step_s']:.1f} ms ({split})")
     print(f"   validation: {quality}")
-    print(f"   bytes sent per step {sent / 1e6:.3f} MB vs dense allreduce {dense / 1e6:.3f} MB "
-          f"({dense / sent if sent else float('nan'):.2f}x less)")
+    if record["path"] == "local":
+        print("   no exchange: each rank trained alone on its batches (path local)")
+    else:
+        print(f"   bytes sent per step {sent / 1e6:.3f} MB vs dense allreduce {dense / 1e6:.3f} MB "
+              f"({dense / sent if sent else float('nan'):.2f}x less)")

@@ -34,7 +34,13 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
     if config.collectives != "horovod":
         raise SpecError("collectives: mpi trains PyTorch workloads only (hvdsketch.torch.DistributedOptimizer)")
     tapes: list[Any] = []  # hvdsketch's path: the tapes made (one per trace of the step)
-    if config.path == "horovod":
+    if config.path == "local":  # each rank alone: no exchange
+        def gradients(tape, loss):
+            return tape.gradient(loss, model.trainable_variables)
+
+        def report() -> tuple[int, int]:
+            return 0, 0
+    elif config.path == "horovod":
         from hvdsketch.tensorflow import Compression
 
         if not config.densify:

@@ -1,6 +1,7 @@
 """The PyTorch training loop of ``hvdsketch train``."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable
@@ -22,6 +23,8 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
     """(optimizer, report) for the configured path; ``report()`` gives bytes sent, dense bytes,
     seconds per exchange phase so far and the policy's assignment table."""
     base = _optimizer(config, model)
+    if config.path == "local":
+        return Alone(base), lambda: {"sent": 0, "dense": 0, "seconds": {}}
     if config.path == "horovod":
         from hvdsketch.torch import Compression
 
@@ -46,6 +49,23 @@ def _distributed(config: TrainConfig, model: torch.nn.Module, hvd: Any):
                                      collectives=config.collectives)
 
     return optimizer, lambda: record_of(optimizer.report())
+
+
+class Alone:
+    """A rank's own optimizer under Horovod's optimizer's calls (``synchronize()``,
+    ``skip_synchronize()``) that exchange nothing: path local, each rank training alone."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def synchronize(self) -> None:
+        pass
+
+    def skip_synchronize(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
 
 
 def record_of(report: dict[str, Any]) -> dict[str, Any]:
@@ -80,17 +100,18 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer, report = _distributed(config, model, hvd)
 
-    def step(batch: Any) -> tuple[torch.Tensor, float]:
+    def step(batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        timing = Timing()
         optimizer.zero_grad()
         loss = workload.loss(model, batch)
         loss.backward()
-        t1 = time.perf_counter()
+        timing.mark("backward")
         optimizer.synchronize()
-        exchange = time.perf_counter() - t1
+        timing.mark("exchange")
         clip(config, model)
         with optimizer.skip_synchronize():
             optimizer.step()
-        return loss, exchange
+        return loss, timing.mark("update")
 
     return fit(config, workload, model, step, hvd.rank(), hvd.size(), report)
 
@@ -116,13 +137,27 @@ def clip(config: TrainConfig, model: torch.nn.Module) -> None:
         g.mul_(scale)
 
 
+class Timing:
+    """The seconds of a step's parts, each :meth:`mark` ending one (see :mod:`hvdsketch.lab.breakdown`)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, float] = {}
+        self._since = time.perf_counter()
+
+    def mark(self, part: str) -> dict[str, float]:
+        now = time.perf_counter()
+        self.parts[part], self._since = now - self._since, now
+        return self.parts
+
+
 def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
-        step: Callable[[Any], tuple[torch.Tensor, float | None]], rank: int, size: int,
+        step: Callable[[Any], tuple[torch.Tensor, dict[str, float]]], rank: int, size: int,
         report: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The epochs of training with ``step(batch) -> (loss, seconds exchanging or None)``, validation on
-    rank 0 after each, and the run's record; ``report()`` gives the bytes sent and dense bytes so far,
-    seconds per exchange phase, and optionally the policy's ``assignment`` table. The DDP baselines
-    (:mod:`hvdsketch.lab.bench.ddp`) run the same loop, so their records compare line for line.
+    """The epochs of training with ``step(batch) -> (loss, seconds of its parts)`` (``backward``,
+    ``exchange`` where the exchange is waited for after backward, ``update``: a :class:`Timing`),
+    validation on rank 0 after each, and the run's record; ``report()`` gives the bytes sent and dense
+    bytes so far, seconds per exchange phase, and optionally the policy's ``assignment`` table. The DDP
+    baselines (:mod:`hvdsketch.lab.bench.ddp`) run the same loop, so their records compare line for line.
 
     PyTorch's global generator (dropout masks) is seeded from the workload's seed and the rank, so
     two runs differ only in how they exchange gradients, and their validation quality compares."""
@@ -130,8 +165,7 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
     steps = workload.steps_per_epoch(size)
     if config.steps_per_epoch:
         steps = min(steps, config.steps_per_epoch)
-    exchange_time = 0.0
-    exchanged = True
+    timing: dict[str, float] = {}
     done = 0
     validation, times = [], []
     start = time.perf_counter()
@@ -142,10 +176,9 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
                    mininterval=5)
         for _, batch in zip(bar, batches):
             t0 = time.perf_counter()
-            loss, exchange = step(batch)
+            loss, parts = step(batch)
             times.append(time.perf_counter() - t0)
-            exchanged = exchanged and exchange is not None
-            exchange_time += exchange or 0.0
+            timing = {part: timing.get(part, 0.0) + seconds for part, seconds in parts.items()}
             done += 1
             bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         if rank == 0:
@@ -157,7 +190,8 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
     return {"workload": str(workload), "compression": config.compression, "memory": config.memory,
             "path": config.path, "rank": rank, "size": size, "epochs": config.epochs, "steps": done,
             "wall_s": wall, "step_s": sum(times) * per_step, "steps_s": [round(t, 5) for t in times],
-            "exchange_s": exchange_time * per_step if exchanged else None,
+            "exchange_s": timing["exchange"] * per_step if "exchange" in timing else None,
+            "timing_s": {part: seconds * per_step for part, seconds in timing.items()},
             "phases_s": {k: v * per_step for k, v in totals["seconds"].items()},
             "bytes_sent_per_step": totals["sent"] * per_step, "bytes_dense_per_step": totals["dense"] * per_step,
             "assignment": totals.get("assignment"), "residual_bytes": totals.get("residual_bytes", 0),

@@ -123,6 +123,8 @@ def config(tmp_path, text: str, **overrides) -> TrainConfig:
     ("compression: sketchy\n", "unknown compressor 'sketchy'"),
     ("compression: ''\n", "'compression' in the config is empty"),
     ("memory: plan\n", "budget"),
+    ("path: local\ncompression: sketch\n", "path local exchanges nothing, so it takes compression none"),
+    ("path: local\nmemory: fp32\n", "path local exchanges nothing.*memory 'fp32'"),
 ])
 def test_every_config_key_is_checked(tmp_path, monkeypatch, text, message):
     monkeypatch.delenv(spec.ENV_VAR, raising=False)

@@ -135,6 +135,7 @@ def test_a_missing_runner_module_is_unavailable():
 def record(step_s, quality, metric="perplexity", epochs=2, spike=0.0):
     steps = [step_s] * (10 * epochs - 1) + [step_s + spike]  # a spike moves the mean, not the median
     return {"step_s": sum(steps) / len(steps), "steps_s": steps, "steps": 10 * epochs, "exchange_s": step_s / 2,
+            "timing_s": {"backward": step_s * 0.4, "exchange": step_s / 2, "update": step_s * 0.1},
             "phases_s": {"start": 0.01, "finish": 0.1, "codec": 0.03}, "epochs": epochs,
             "bytes_sent_per_step": 1e6, "bytes_dense_per_step": 4e6,
             "validation": [{metric: quality * 1.5}, {metric: quality}]}
@@ -189,6 +190,7 @@ def test_report_has_every_run_failures_included_and_plots(tmp_path):
                result("lstm", "exchange-probe", runner="exchange-probe", rec={"rows": [
                    {"label": "dense", "exchange_s": 0.4, "vs_baseline": 1.0, "bytes_sent_per_step": 1e7},
                    {"label": "sketch", "exchange_s": 0.05, "vs_baseline": 0.125, "bytes_sent_per_step": 2e6}]}),
+               result("lstm", "alone", rec={**record(0.2, 300.0), "path": "local"}),
                result("lstm", "dense", rate="none", rec=record(0.2, 200.0)),
                result("lstm", "sketch", rate="none", rec=record(0.1, 198.0))]  # reaches dense's 200 at step 20
     cells = outcomes(results, "dense")
@@ -200,14 +202,18 @@ def test_report_has_every_run_failures_included_and_plots(tmp_path):
             "machine": {"cpu": "cpu", "nproc": 2, "memory_gib": 4.0, "host": "h"}}
     text = markdown(results, verdicts, matrix, meta)
     rows = {line.split("|")[3].strip(): line for line in text.splitlines()
-            if line.startswith("| 1gbit") and line.count("|") == 16}  # the training table's
+            if line.startswith("| 1gbit") and line.count("|") == 19}  # the training table's
     assert " 2x |" in rows["sketch"] and "+5.0%" in rows["sketch"]  # speed-up, perplexity 5% higher
+    # compute 200 - 10 ms in the hooks, codec 30, wait 250 + 10 - 30, update 50: the step's 500 ms by part
+    assert [cell.strip() for cell in rows["sketch"].split("|")[8:12]] == ["190", "30", "230", "50"]
+    assert rows["sketch"].split("|")[7].strip() == "2.5x" and rows["dense"].split("|")[7].strip() == "5x"  # vs alone
     assert "embedding exchange: met" in rows["sketch"]  # 0.125x
     assert "failed: exit 1: boom" in rows["topk"] and "unavailable" in rows["ddp"]
     assert "0.125x" in text  # the probe table
     assert "| 1gbit |     2 | sketch |" in text.split("Time to dense's final quality")[1]  # the time-to-target table
     written = plots(results, matrix, tmp_path)
-    assert sorted(p.name for p in written) == ["lstm-bytes.png", "lstm-pareto.png", "lstm-quality.png", "lstm-step.png"]
+    assert sorted(p.name for p in written) == ["lstm-breakdown.png", "lstm-bytes.png", "lstm-pareto.png",
+                                               "lstm-quality.png", "lstm-step.png"]
     assert all(p.stat().st_size > 1000 for p in written)
 
 
@@ -350,7 +356,7 @@ def test_report_only_shows_spreads_marks_an_outlying_repeat_and_resumes_by_repea
     assert "| 500 900! 510 " in rows["sketch"] and "| 1000 1020 980 " in rows["dense"]
     assert "`fashion-1gbit-np2-sketch-r2`: 900 ms a step" in text and "4000 preemptions" in text
     assert "median over the repeats (min..max)" in text
-    assert sorted(p.name for p in out.glob("*.png")) == ["fashion-bytes.png", "fashion-step.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == ["fashion-breakdown.png", "fashion-bytes.png", "fashion-step.png"]
     saved = json.loads((out / "bench.json").read_text())
     assert [r["key"] for r in saved["results"]][:3] == [f"fashion-1gbit-np2-dense-r{r}" for r in (1, 2, 3)]
     # --resume with --repeats 2 keeps repeats 1 and 2 for the jobs and repeat 3 as a result outside them
@@ -519,3 +525,32 @@ def test_bench_train_runs_a_tiny_matrix_on_the_cluster(tmp_path):
     assert fallback["word"] in ("met", "MISSED", "undecided")  # measured, whichever way it went
     assert all(r["machine_state"]["samples"] > 0 for r in bench["results"] if r["status"] == "ok")
     assert "| 1gbit" in (out / "bench.md").read_text() and (out / "fashion-step.png").exists()
+
+
+# --- where a step's time goes ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("timing, phases, expected", [
+    # hvdsketch's optimizer: 10 ms of backward in the hooks (start), codec 30 ms within start and finish
+    ({"backward": 0.2, "exchange": 0.25, "update": 0.05}, {"start": 0.01, "finish": 0.25, "codec": 0.03},
+     {"compute": 0.19, "codec": 0.03, "wait": 0.23, "update": 0.05}),
+    # Horovod's own optimizer: no phases, its synchronize() all wait, the codec not timed apart
+    ({"backward": 0.2, "exchange": 0.25, "update": 0.05}, {}, {"compute": 0.2, "codec": None, "wait": 0.25,
+                                                              "update": 0.05}),
+    # hvdsketch's DDP hook: start and finish inside backward (the last bucket finishes the step)
+    ({"backward": 0.5, "update": 0.05}, {"start": 0.02, "finish": 0.2, "codec": 0.04},
+     {"compute": 0.28, "codec": 0.04, "wait": 0.18, "update": 0.05}),
+    # DDP's own allreduce or PowerSGD hook: the exchange is inside backward, unseen
+    ({"backward": 0.5, "update": 0.05}, {}, None),
+    # the TensorFlow loop: one tf.function, no timing of its parts
+    (None, None, None),
+])
+def test_a_step_breaks_down_into_compute_codec_wait_and_update(timing, phases, expected):
+    from hvdsketch.lab import breakdown
+
+    parts = breakdown.of({"timing_s": timing, "phases_s": phases})
+    if expected is None:
+        assert parts is None
+        return
+    assert parts == pytest.approx(expected)
+    assert sum(parts[p] or 0.0 for p in breakdown.PARTS) == pytest.approx(sum(timing.values()))

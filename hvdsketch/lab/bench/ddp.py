@@ -187,7 +187,7 @@ def _train(config: Any, workload: Any, hook: str, approximation_rank: int, start
     group is destroyed."""
     import torch
 
-    from hvdsketch.lab.train_torch import _optimizer, clip, fit, record_of
+    from hvdsketch.lab.train_torch import Timing, _optimizer, clip, fit, record_of
 
     torch.set_num_threads(max(1, torch.get_num_threads() // local))
     model = workload.build_model()
@@ -200,14 +200,16 @@ def _train(config: Any, workload: Any, hook: str, approximation_rank: int, start
 
     steps = {"done": 0}
 
-    def step(batch: Any) -> tuple[torch.Tensor, None]:
+    def step(batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
         steps["done"] += 1
+        timing = Timing()
         optimizer.zero_grad()
         loss = workload.loss(ddp, batch)
         loss.backward()  # DDP averages the gradients here
+        timing.mark("backward")
         clip(config, model)
         optimizer.step()
-        return loss, None
+        return loss, timing.mark("update")
 
     dense = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 

@@ -129,6 +129,23 @@ def bar_plot(groups: dict[str, dict[str, float | tuple[float, float, float]]], p
     _save(fig, path)
 
 
+
+def stacked_bar_plot(panels: dict[str, dict[str, dict[str, float]]], path: str, title: str, ylabel: str) -> None:
+    """One panel per key of ``panels``, a bar per label in it stacked from its parts in their order
+    (``panels[panel][label][part]``; a part missing from a label's bar is left out of it)."""
+    fig, axes = _axes(len(panels), title)
+    parts = list(dict.fromkeys(part for bars in panels.values() for stack in bars.values() for part in stack))
+    colors = {part: f"C{i}" for i, part in enumerate(parts)}
+    for ax, (name, bars) in zip(axes, panels.items()):
+        bottoms = [0.0] * len(bars)
+        for part in parts:
+            heights = [stack.get(part, 0.0) for stack in bars.values()]
+            ax.bar(range(len(bars)), heights, 0.7, bottom=bottoms, label=part, color=colors[part])
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+        _style(ax, name, "", ylabel, "")
+        ax.set_xticks(range(len(bars)), list(bars), fontsize=7, rotation=30, ha="right")
+    _save(fig, path)
+
 def scatter_plot(points: dict[str, tuple[float, ...]], path: str, title: str, xlabel: str, ylabel: str,
                  log: str = "") -> None:
     """One labelled point per key: ``points[label] = (x, y)`` or ``(x, y, low, high)`` (e.g. bytes per

@@ -18,11 +18,12 @@ S seeds. A run that fails, times out (``--timeout`` per run) or whose runner
 is missing is a row saying so, never dropped.
 
 Written to ``--out``: ``bench.json`` (every run's record, the machine, the
-load, the command), ``bench.md`` (per workload: step time, gradient-exchange
-time, compress + decompress time, bytes per step, speed-up and quality against
-the baseline; the probed tensor's exchange; the targets of
+load, the command), ``bench.md`` (per workload: step time, its multiple of the
+limit, where it goes, bytes per step, speed-up and quality against the
+baseline; the probed tensor's exchange; the targets of
 :mod:`hvdsketch.lab.bench.targets`, met, missed or undecided), and per workload PNGs of
-quality against training time, of bytes per step and of step time. Every
+quality against training time, of bytes per step, of step time and of where it
+goes (stacked by part). Every
 figure is the median over the repeats with its range (min..max), quality the
 mean over them (seeds), a speed-up the ratio of medians spread from the
 extreme ratios (:mod:`hvdsketch.lab.bench.spread`); the plots draw the ranges
@@ -34,12 +35,14 @@ run; ``--resume`` keeps the runs that succeeded there.
 
 Times are those of the record: ``step`` is the median wall time of a training
 step (forward, backward, exchange, update; without validation; the mean where
-a record lists no steps), ``exchange`` the mean time spent waiting in the
-optimizer's ``synchronize()``, ``codec`` the mean compress + decompress time,
-``load`` the 1-minute load average when the run ended. Horovod's
-own optimizer (``path: horovod``) starts its allreduces during the backward
-pass, so its exchange column shows only what the backward pass did not hide;
-compare step times across paths.
+a record lists no steps); ``x alone`` that step over the step of the cell's
+entry that exchanges nothing (``path: local``, each rank alone on its batches:
+the limit, left out of the targets); ``compute``, ``codec``, ``wait`` and
+``update`` the mean step by part (:mod:`hvdsketch.lab.breakdown`; ``-`` where a
+record cannot tell them apart: TensorFlow's ``tf.function``, DDP's own hooks);
+``load`` the 1-minute load average when the run ended. Horovod's own optimizer
+(``path: horovod``) starts its allreduces during the backward pass, so its wait
+shows only what the backward pass did not hide; compare step times across paths.
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hvdsketch.lab import breakdown
 from hvdsketch.lab.bench import report
 from hvdsketch.lab.bench.matrix import PROBE, UNSHAPED, Job, Matrix
 from hvdsketch.lab.bench.quality import metric, step_seconds, times_to_target, wall_time_curves
@@ -249,6 +253,21 @@ def _median(records: list[dict[str, Any]], value) -> Spread | None:
     return Spread.median(value(rec) for rec in records)
 
 
+def _alone(by_entry: dict[tuple[str, str, int, str], list[Result]], cell: tuple[str, str, int]) -> list[dict[str, Any]]:
+    """The records of the cell's entry that exchanges nothing (``path: local``, each rank alone): the
+    limit of a step's time, which every entry's step is a multiple of."""
+    for (w, rate, n, _), repeats in by_entry.items():
+        records = _records(repeats)
+        if (w, rate, n) == cell and records and records[0].get("path") == "local":
+            return records
+    return []
+
+
+def _part(name: str) -> Any:
+    """``record -> seconds`` of one part of its mean step (:mod:`hvdsketch.lab.breakdown`), or ``None``."""
+    return lambda rec: (breakdown.of(rec) or {}).get(name)
+
+
 def _codec(rec: dict[str, Any]) -> float | None:
     return (rec.get("phases_s") or {}).get("codec")
 
@@ -277,6 +296,8 @@ def outcomes(results: list[Result], baseline: str) -> dict[tuple[str, str, int],
     cells: dict[tuple[str, str, int], dict[str, Outcome]] = {}
     for (w, rate, n, label), repeats in by_entry.items():
         records = _records(repeats)
+        if records and records[0].get("path") == "local":  # the limit, not a way to train replicas alike
+            continue
         q, up = _final(records)
         if records and (w, n, baseline) in long_runs:
             q, up = long_runs.get((w, n, label), (None, up))
@@ -329,7 +350,8 @@ SPREADS = ("Each figure: the median over the repeats (min..max); quality the mea
 
 def _training_rows(results: list[Result], baseline: str, verdicts: list[Verdict]) -> tuple[list[str], list[list[str]]]:
     metric = next((q[0] for r in results if r.ok and (q := quality(r.record))), "quality")
-    headers = ["rate", "ranks", "entry", "runs", "step ms", "speed-up", "exchange ms", "codec ms",
+    headers = ["rate", "ranks", "entry", "runs", "step ms", "speed-up", "x alone",
+               *(f"{part} ms" for part in breakdown.PARTS),
                "MB/step", "dense/sent", metric, "vs dense", "load", "step ms by repeat", "target"]
     by_entry = groups(results)
     rows = []
@@ -340,16 +362,18 @@ def _training_rows(results: list[Result], baseline: str, verdicts: list[Verdict]
         load = report.number(max((r.load[-1] for r in repeats if r.load), default=None), 2)
         records = _records(repeats)
         if not records:
-            rows.append(cell + ["-"] * 8 + [load, "-", target])
+            rows.append(cell + ["-"] * 11 + [load, "-", target])
             continue
         base = _records(by_entry.get((w, rate, n, baseline), []))
         step, base_step = _median(records, step_seconds), _median(base, step_seconds)
+        alone = _median(_alone(by_entry, (w, rate, n)), step_seconds)
         q, bq = _final(records)[0], _final(base)[0]
         sent = _median(records, lambda rec: rec["bytes_sent_per_step"])
         saving = _median(records, lambda rec: rec["bytes_dense_per_step"] / rec["bytes_sent_per_step"]
                          if rec["bytes_sent_per_step"] else None)
         rows.append(cell + [_ms(step), base_step.over(step).text(3, "x") if base_step else "-",
-                            _ms(_median(records, lambda rec: rec.get("exchange_s"))), _ms(_median(records, _codec)),
+                            step.over(alone).text(3, "x") if alone else "-",
+                            *(_ms(_median(records, _part(part))) for part in breakdown.PARTS),
                             sent.scaled(1e-6).text(4), saving.text(3, "x") if saving else "-",
                             q.text(4) if q else "-", q.over(bq).percent() if q and bq else "-",
                             load, by_repeat(repeats), target])
@@ -467,6 +491,17 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
             path = out / f"{w.name}-pareto.png"
             report.scatter_plot(front, str(path), f"{w.name}: bytes per step against final {name} (unshaped runs)",
                                 "MB sent per step and rank", name, log="x")
+            written.append(path)
+        stacks: dict[str, dict[str, dict[str, float]]] = {}
+        for (_, rate, n, label), recs in by_entry.items():
+            parts = {part: spread.center for part in breakdown.PARTS
+                     if (spread := _median(recs, _part(part))) is not None}
+            if parts:
+                stacks.setdefault(f"{rate}, {n} ranks", {})[label] = {part: 1e3 * t for part, t in parts.items()}
+        if stacks:
+            path = out / f"{w.name}-breakdown.png"
+            report.stacked_bar_plot(stacks, str(path), f"{w.name}: where a step's time goes (median of the repeats; "
+                                    f"no bar where compute is not timed apart)", "ms a step")
             written.append(path)
         for name, value, unit, log in (("bytes", lambda rec: rec["bytes_sent_per_step"] / 1e6,
                                         "MB sent per step and rank", True),
