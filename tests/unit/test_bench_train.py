@@ -554,3 +554,32 @@ def test_a_step_breaks_down_into_compute_codec_wait_and_update(timing, phases, e
         return
     assert parts == pytest.approx(expected)
     assert sum(parts[p] or 0.0 for p in breakdown.PARTS) == pytest.approx(sum(timing.values()))
+
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("path, flag", [("local", "none"), ("hvdsketch", "allgather")])
+def test_a_training_record_breaks_its_step_down(tmp_path, path, flag):
+    """``hvdsketch train`` at 2 ranks: the parts of the record's mean step add up to it (the loop's own
+    few microseconds aside); ``path: local`` (each rank alone, the limit) sends nothing and waits for
+    nothing, ``path: hvdsketch`` spends time in the codec."""
+    from hvdsketch.lab import breakdown
+    from tests.spawn import clean_env
+
+    cmd = ["mpirun", "--bind-to", "none", "-np", "2", sys.executable, "-m", "hvdsketch.lab.cli", "train",
+           "--config", "configs/fasttext.yaml", "--compression", flag, "--path", path, "--steps-per-epoch", "8",
+           "--out", str(tmp_path)]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=540,
+                          env=clean_env(PYTHONPATH=str(ROOT), OMPI_MCA_rmaps_base_oversubscribe="1"))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    parts = breakdown.of(record)
+    total = sum(seconds or 0.0 for seconds in parts.values())
+    assert 0.9 * record["step_s"] <= total <= record["step_s"]
+    assert "(compute " in done.stdout and " ms)" in done.stdout  # the summary's line
+    if path == "local":
+        assert record["bytes_sent_per_step"] == 0 and parts["wait"] < 1e-3 and parts["codec"] is None
+    else:
+        assert record["bytes_sent_per_step"] > 0 and parts["codec"] > 0 and parts["wait"] > 0
