@@ -1,11 +1,11 @@
 """Where a training step's time goes: compute (forward and backward), the codec, waiting on the wire,
 and the optimizer's update.
 
-A training record (``hvdsketch train``'s PyTorch loop, the DDP baselines) times three parts of each
-step, ``timing_s`` (per step, the mean over the run): ``backward`` (zero_grad, forward and backward,
-with whatever the gradients' hooks do meanwhile), ``exchange`` (after backward, waiting for the
-averaged gradients: ``synchronize()``; a DDP step has none, its hooks finish inside backward) and
-``update`` (clipping and ``optimizer.step()``). hvdsketch's exchanger adds its phases, ``phases_s``:
+A training record (``hvdsketch train``'s PyTorch loop, the DDP baselines) keeps its median step's
+parts, ``timing_s``: ``backward`` (zero_grad, forward and backward, with whatever the gradients'
+hooks do meanwhile), ``exchange`` (after backward, waiting for the averaged gradients:
+``synchronize()``; a DDP step has none, its hooks finish inside backward) and ``update`` (clipping
+and ``optimizer.step()``), and the seconds hvdsketch's exchanger spent in that step by phase:
 ``start`` (inside the gradients' hooks, so inside backward), ``finish`` (inside ``exchange``, or
 inside backward for the DDP hook, whose last bucket finishes the step) and ``codec`` (compressing and
 decompressing, within both). From them::
@@ -29,15 +29,14 @@ PARTS = ("compute", "codec", "wait", "update")
 
 
 def of(record: dict[str, Any]) -> dict[str, float | None] | None:
-    """The mean step's time by part (seconds; ``codec`` ``None`` where it was not timed apart), or
+    """The median step's time by part (seconds; ``codec`` ``None`` where it was not timed apart), or
     ``None`` where the record cannot tell compute from the exchange."""
-    timing, phases = record.get("timing_s") or {}, record.get("phases_s") or {}
+    timing = record.get("timing_s") or {}
     if "backward" not in timing:
         return None
-    exchange = timing.get("exchange")
-    in_backward = phases.get("start", 0.0) + (phases.get("finish", 0.0) if exchange is None else 0.0)
-    if exchange is None and not phases:
+    exchange, codec = timing.get("exchange"), timing.get("codec")
+    if exchange is None and codec is None:
         return None
-    codec = phases.get("codec")
+    in_backward = timing.get("start", 0.0) + (timing.get("finish", 0.0) if exchange is None else 0.0)
     return {"compute": timing["backward"] - in_backward, "codec": codec,
             "wait": (exchange or 0.0) + in_backward - (codec or 0.0), "update": timing["update"]}

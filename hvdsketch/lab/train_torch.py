@@ -158,6 +158,9 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
     validation on rank 0 after each, and the run's record; ``report()`` gives the bytes sent and dense
     bytes so far, seconds per exchange phase, and optionally the policy's ``assignment`` table. The DDP
     baselines (:mod:`hvdsketch.lab.bench.ddp`) run the same loop, so their records compare line for line.
+    ``timing_s`` is the median step's parts with the exchange phases it spent (read from ``report()``
+    around each step, outside its timing): a breakdown of the step the record's ``step`` times, which
+    the warm-up steps of ``auto`` or a first dense step do not move (:mod:`hvdsketch.lab.breakdown`).
 
     PyTorch's global generator (dropout masks) is seeded from the workload's seed and the rank, so
     two runs differ only in how they exchange gradients, and their validation quality compares."""
@@ -165,9 +168,9 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
     steps = workload.steps_per_epoch(size)
     if config.steps_per_epoch:
         steps = min(steps, config.steps_per_epoch)
-    timing: dict[str, float] = {}
+    exchanged = 0.0  # seconds in the exchange after backward, all steps
     done = 0
-    validation, times = [], []
+    validation, times, steps_parts = [], [], []
     start = time.perf_counter()
     for epoch in range(config.epochs):
         model.train()
@@ -175,10 +178,13 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
         bar = tqdm(range(steps), desc=f"epoch {epoch + 1}/{config.epochs}", disable=rank != 0, unit="step",
                    mininterval=5)
         for _, batch in zip(bar, batches):
+            before = report()["seconds"]
             t0 = time.perf_counter()
             loss, parts = step(batch)
             times.append(time.perf_counter() - t0)
-            timing = {part: timing.get(part, 0.0) + seconds for part, seconds in parts.items()}
+            steps_parts.append({**parts, **{phase: seconds - before.get(phase, 0.0)
+                                            for phase, seconds in report()["seconds"].items()}})
+            exchanged += parts.get("exchange", 0.0)
             done += 1
             bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         if rank == 0:
@@ -190,8 +196,8 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
     return {"workload": str(workload), "compression": config.compression, "memory": config.memory,
             "path": config.path, "rank": rank, "size": size, "epochs": config.epochs, "steps": done,
             "wall_s": wall, "step_s": sum(times) * per_step, "steps_s": [round(t, 5) for t in times],
-            "exchange_s": timing["exchange"] * per_step if "exchange" in timing else None,
-            "timing_s": {part: seconds * per_step for part, seconds in timing.items()},
+            "exchange_s": exchanged * per_step if steps_parts and "exchange" in steps_parts[0] else None,
+            "timing_s": steps_parts[sorted(range(done), key=times.__getitem__)[done // 2]] if done else {},
             "phases_s": {k: v * per_step for k, v in totals["seconds"].items()},
             "bytes_sent_per_step": totals["sent"] * per_step, "bytes_dense_per_step": totals["dense"] * per_step,
             "assignment": totals.get("assignment"), "residual_bytes": totals.get("residual_bytes", 0),

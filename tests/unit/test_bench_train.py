@@ -135,7 +135,8 @@ def test_a_missing_runner_module_is_unavailable():
 def record(step_s, quality, metric="perplexity", epochs=2, spike=0.0):
     steps = [step_s] * (10 * epochs - 1) + [step_s + spike]  # a spike moves the mean, not the median
     return {"step_s": sum(steps) / len(steps), "steps_s": steps, "steps": 10 * epochs, "exchange_s": step_s / 2,
-            "timing_s": {"backward": step_s * 0.4, "exchange": step_s / 2, "update": step_s * 0.1},
+            "timing_s": {"backward": step_s * 0.4, "exchange": step_s / 2, "update": step_s * 0.1,
+                         "start": 0.01, "finish": 0.1, "codec": 0.03},
             "phases_s": {"start": 0.01, "finish": 0.1, "codec": 0.03}, "epochs": epochs,
             "bytes_sent_per_step": 1e6, "bytes_dense_per_step": 4e6,
             "validation": [{metric: quality * 1.5}, {metric: quality}]}
@@ -548,7 +549,7 @@ def test_bench_train_runs_a_tiny_matrix_on_the_cluster(tmp_path):
 def test_a_step_breaks_down_into_compute_codec_wait_and_update(timing, phases, expected):
     from hvdsketch.lab import breakdown
 
-    parts = breakdown.of({"timing_s": timing, "phases_s": phases})
+    parts = breakdown.of({"timing_s": timing and {**timing, **phases}})
     if expected is None:
         assert parts is None
         return
@@ -560,9 +561,9 @@ def test_a_step_breaks_down_into_compute_codec_wait_and_update(timing, phases, e
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path, flag", [("local", "none"), ("hvdsketch", "allgather")])
 def test_a_training_record_breaks_its_step_down(tmp_path, path, flag):
-    """``hvdsketch train`` at 2 ranks: the parts of the record's mean step add up to it (the loop's own
-    few microseconds aside); ``path: local`` (each rank alone, the limit) sends nothing and waits for
-    nothing, ``path: hvdsketch`` spends time in the codec."""
+    """``hvdsketch train`` at 2 ranks: the parts of the record's median step add up to it (the loop's
+    own few microseconds aside); ``path: local`` (each rank alone, the limit) sends nothing and waits
+    for nothing, ``path: hvdsketch`` spends time in the codec."""
     from hvdsketch.lab import breakdown
     from tests.spawn import clean_env
 
@@ -577,7 +578,8 @@ def test_a_training_record_breaks_its_step_down(tmp_path, path, flag):
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     parts = breakdown.of(record)
     total = sum(seconds or 0.0 for seconds in parts.values())
-    assert 0.9 * record["step_s"] <= total <= record["step_s"]
+    median = sorted(record["steps_s"])[len(record["steps_s"]) // 2]
+    assert 0.9 * median <= total <= median + 1e-5  # steps_s are rounded to 10 us
     assert "(compute " in done.stdout and " ms)" in done.stdout  # the summary's line
     if path == "local":
         assert record["bytes_sent_per_step"] == 0 and parts["wait"] < 1e-3 and parts["codec"] is None

@@ -130,11 +130,11 @@ def bar_plot(groups: dict[str, dict[str, float | tuple[float, float, float]]], p
 
 
 
-def stacked_bar_plot(panels: dict[str, dict[str, dict[str, float]]], path: str, title: str, ylabel: str) -> None:
-    """One panel per key of ``panels``, a bar per label in it stacked from its parts in their order
+def stacked_bar_plot(panels: dict[str, dict[str, dict[str, float]]], parts: Sequence[str], path: str, title: str,
+                     ylabel: str) -> None:
+    """One panel per key of ``panels``, a bar per label in it stacked from its ``parts`` in their order
     (``panels[panel][label][part]``; a part missing from a label's bar is left out of it)."""
     fig, axes = _axes(len(panels), title)
-    parts = list(dict.fromkeys(part for bars in panels.values() for stack in bars.values() for part in stack))
     colors = {part: f"C{i}" for i, part in enumerate(parts)}
     for ax, (name, bars) in zip(axes, panels.items()):
         bottoms = [0.0] * len(bars)

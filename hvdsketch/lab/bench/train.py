@@ -500,8 +500,9 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
                 stacks.setdefault(f"{rate}, {n} ranks", {})[label] = {part: 1e3 * t for part, t in parts.items()}
         if stacks:
             path = out / f"{w.name}-breakdown.png"
-            report.stacked_bar_plot(stacks, str(path), f"{w.name}: where a step's time goes (median of the repeats; "
-                                    f"no bar where compute is not timed apart)", "ms a step")
+            report.stacked_bar_plot(stacks, breakdown.PARTS, str(path),
+                                    f"{w.name}: where the median step's time goes\n(median of the repeats; no bar "
+                                    f"where a record cannot tell compute from the exchange)", "ms a step")
             written.append(path)
         for name, value, unit, log in (("bytes", lambda rec: rec["bytes_sent_per_step"] / 1e6,
                                         "MB sent per step and rank", True),
