@@ -501,8 +501,8 @@ def plots(results: list[Result], matrix: Matrix, out: Path) -> list[Path]:
         if stacks:
             path = out / f"{w.name}-breakdown.png"
             report.stacked_bar_plot(stacks, breakdown.PARTS, str(path),
-                                    f"{w.name}: where the median step's time goes\n(median of the repeats; no bar "
-                                    f"where a record cannot tell compute from the exchange)", "ms a step")
+                                    f"{w.name}: where the median step's time goes\n(median of the repeats; "
+                                    f"no bar: not timed apart)", "ms a step")
             written.append(path)
         for name, value, unit, log in (("bytes", lambda rec: rec["bytes_sent_per_step"] / 1e6,
                                         "MB sent per step and rank", True),
