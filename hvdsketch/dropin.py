@@ -156,7 +156,7 @@ class DropInCompression:
             tensor = ops.cast(tensor, carried)
         name = f"shape{shape}#{k}"
         ctx = TensorContext(name, shape, 0 if traced else session.step)
-        flight = Flight(self.compressor, tensor, ctx, states=session.states)
+        flight = Flight(self.compressor_for(tensor), tensor, ctx, states=session.states)
         (message,) = flight.messages
         payload = message.tensor
         dtype = ops.dtype_name(payload)
@@ -164,6 +164,10 @@ class DropInCompression:
             payload = ops.concat([ops.flatten(payload), ops.constant(_tags(shape, str(self.compressor)), dtype, tensor)])
         self._count(ops.nbytes(payload), ops.nbytes(given))
         return payload, (session, flight, ctx, ops.shape(message.tensor), dtype, given)
+
+    def compressor_for(self, tensor: Any) -> Compressor:
+        """The compressor that exchanges ``tensor`` (here: the one this compression was made with)."""
+        return self.compressor
 
     def decompress(self, tensor: Any, state: Any) -> Any:
         """The averaged gradient, after checking (one host sync per tensor: Horovod's path has no
@@ -272,17 +276,12 @@ class CompressionNamespace:
     @classmethod
     def from_spec(cls, flag: "str | Compressor") -> PresetCompression:
         """The drop-in compression of a flag, e.g. ``"sketch:error=0.5"``."""
-        compressor = cls.drop_in_form(one_message(flag, cls.own))
+        compressor = one_message(flag, cls.own)
         key = (cls, str(compressor))
         if key not in cls._made:
             made = cls._made[key] = cls.drop_in(compressor)
             made.namespace = cls
         return cls._made[key]
-
-    @classmethod
-    def drop_in_form(cls, compressor: Compressor) -> Compressor:
-        """The compressor as this framework's drop-in path runs it (here: as it is)."""
-        return compressor
 
     @classmethod
     def with_options(cls, name: str, **options: Any) -> PresetCompression:

@@ -13,9 +13,22 @@ from hvdsketch.compress.sketch import SparseSketch
 from hvdsketch.dropin import CompressionNamespace, PresetCompression
 
 
+#: A traced sketch's bound, as a fraction of rows, for a gradient made dense from ``tf.IndexedSlices``
+#: where neither ``density`` nor ``ratio`` is given (see :meth:`TFDropInCompression.compressor_for`).
+SLICES_DENSITY = 0.05
+
+
 class TFDropInCompression(PresetCompression):
     """Counts its bytes in Python when it runs eagerly and in two int64 variables inside a
     ``tf.function`` (each run of the traced function adds to them).
+
+    Horovod's tape traces its allreduce in a ``tf.function`` even when eager, and a traced sketch
+    keeps the plan of its tracing, with no union seen before it: where neither ``density`` nor
+    ``ratio`` is given, a traced gradient that Horovod made dense from ``tf.IndexedSlices``
+    (``sparse_as_dense=True``: an embedding's) is sized for :data:`SLICES_DENSITY` of its rows, and
+    any other traced gradient for all of them, as a dense layer's rows all carry values (so it is
+    sent dense where a sketch would be no smaller). Eager, the sketch sizes itself from the unions
+    it has seen.
 
     The variables are made at the first traced call, in a thread of their own, which no
     ``tf.function``'s variable scope reaches, so a compression may be made and first used in any
@@ -47,6 +60,12 @@ class TFDropInCompression(PresetCompression):
             f"shapes: run the training step inside tf.function, leave sparse_as_dense off when eager, or use "
             f"hvdsketch.tensorflow.DistributedGradientTape, which keeps the shapes")
 
+    def compressor_for(self, tensor):
+        compressor = self.compressor
+        if not isinstance(compressor, SparseSketch) or compressor.sized_in_advance or tf.executing_eagerly():
+            return compressor
+        return dataclasses.replace(compressor, density=SLICES_DENSITY if _densified_slices(tensor) else 1.0)
+
     @tf.autograph.experimental.do_not_convert
     def decompress(self, tensor, ctx):
         return super().decompress(tensor, ctx)
@@ -69,6 +88,15 @@ class TFDropInCompression(PresetCompression):
         return tuple(a + b for a, b in zip(super().counts(), traced))  # type: ignore[return-value]
 
 
+def _densified_slices(tensor: tf.Tensor) -> bool:
+    """Whether a traced gradient is a ``tf.IndexedSlices`` made dense: TensorFlow sums its rows into
+    place with ``UnsortedSegmentSum`` (looked for through identities and casts)."""
+    op = tensor.op
+    while op.type in ("Identity", "Cast") and op.inputs:
+        op = op.inputs[0].op
+    return op.type == "UnsortedSegmentSum"
+
+
 def _counters() -> tuple[tf.Variable, tf.Variable]:
     with tf.device("CPU:0"):
         return tuple(tf.Variable(0, dtype=tf.int64, trainable=False, name=f"hvdsketch_bytes_{kind}")
@@ -82,17 +110,5 @@ class Compression(CompressionNamespace):
     anywhere, inside ``tf.function`` too."""
 
     drop_in = TFDropInCompression
-    #: The sketch's first bound, as a fraction of rows, where none is given (see :meth:`drop_in_form`).
-    sketch_density = 0.05
     own = ("hvdsketch.tensorflow.DistributedGradientTape(tape, compression=...) or "
            "hvdsketch.tensorflow.keras.DistributedOptimizer(optimizer, compression=...)")
-
-    @classmethod
-    def drop_in_form(cls, compressor: Compressor) -> Compressor:
-        """Horovod's tape traces its allreduce in a ``tf.function`` even when eager, and a traced
-        sketch keeps the plan of its tracing, with no union seen before it: so the drop-in sketch is
-        sized in advance, for :attr:`sketch_density` of the rows unless ``density`` or ``ratio`` is
-        given."""
-        if isinstance(compressor, SparseSketch) and not compressor.sized_in_advance:
-            return dataclasses.replace(compressor, density=cls.sketch_density)
-        return compressor

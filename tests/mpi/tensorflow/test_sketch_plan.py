@@ -51,3 +51,37 @@ def test_a_traced_plan_overflowed_by_dense_gradients_warns_once(hvd, path):
     for messages, step_errors in later:
         assert not messages  # once
         assert all(e > 1.0 for e in step_errors.values())  # the traced plan stays: so did the warning's reason
+
+
+@pytest.mark.timeout(240)
+def test_horovod_tape_sizes_a_default_sketch_by_what_each_gradient_is(hvd):
+    """``Compression.sketch()``, no density given, traced by Horovod's tape: the embedding's gradient,
+    which Horovod made dense from ``tf.IndexedSlices``, is sketched for 5% of its rows; the dense
+    layer's, whose rows all carry values, goes dense (Horovod's own average), and nothing warns."""
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((4,), dtype="int64"), tf.keras.layers.Embedding(2000, 16),
+                                 tf.keras.layers.Flatten(), tf.keras.layers.Dense(8)])
+    compression = Compression.sketch(seed=33)  # an object of this test's own: its report counts this test
+
+    @tf.function
+    def averaged(tokens):
+        with tf.GradientTape(persistent=True) as tape:
+            loss = tf.reduce_sum(tf.square(model(tokens)))
+        local = tape.gradient(loss, model.trainable_variables)
+        got = hvd.DistributedGradientTape(tape, compression=compression, sparse_as_dense=True).gradient(
+            loss, model.trainable_variables)
+        truth = [hvd.allreduce(tf.convert_to_tensor(g), name=f"default.truth.{i}") for i, g in enumerate(local)]
+        return got, truth
+
+    tokens = np.random.default_rng(hvd.rank()).integers(0, 2000, size=(8, 4))  # at most 32 rows a rank
+    with hvdsketch_warnings() as messages:
+        got, truth = averaged(tokens)
+    assert not messages
+    (embedding, kernel, bias), (embedding_truth, kernel_truth, bias_truth) = got, truth
+    np.testing.assert_allclose(kernel.numpy(), kernel_truth.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(bias.numpy(), bias_truth.numpy(), rtol=1e-6, atol=1e-7)
+    error = float(tf.norm(tf.convert_to_tensor(embedding) - embedding_truth) / tf.norm(embedding_truth))
+    assert 0 < error < 1.0  # sketched: not exact, within the plan's reach
+    report = compression.report()
+    dense_layer = 4 * (64 * 8 + 8)
+    assert dense_layer < report["bytes_sent"] < report["bytes_dense"] / 3  # the embedding's 128 KB, sketched
