@@ -11,7 +11,9 @@ averaged over the ranks with ``hvd.allreduce`` instead.)
 ``model.fit`` runs its steps inside ``tf.function``. The embedding's ``tf.IndexedSlices`` gradient
 travels by Horovod's allgather, uncompressed: Horovod's tf-keras optimizer densifies it
 (``sparse_as_dense=True``) inside a function of its own that loses its static shape, which
-compression needs. ``--compression`` takes several flags to train once with each in one launch.
+compression needs. So the compression meets the dense layers only: ``fp16`` halves them, and the
+drop-in sketch sends them dense (their rows all carry values; a sketch would be no smaller).
+``--compression`` takes several flags to train once with each in one launch.
 
 Compressors that Horovod's ``compression=`` cannot carry (PowerSGD, top-k, the union sketch) run
 in ``model.fit`` through ``hvdsketch.tensorflow.keras.DistributedOptimizer(optimizer,

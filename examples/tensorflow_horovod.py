@@ -10,7 +10,8 @@ the first step (so the optimizer's are made), a checkpoint written by rank 0 onl
 eagerly or inside ``tf.function`` (``--mode``). Inside a function Horovod's ``sparse_as_dense=True``
 densifies the embedding's ``tf.IndexedSlices`` gradient, so that it reaches the compression;
 eagerly Horovod densifies it inside a function of its own that loses its static shape, which
-compression needs, so there it stays sparse and travels by Horovod's allgather, uncompressed.
+compression needs, so there it stays sparse and travels by Horovod's allgather, uncompressed, and
+the drop-in sketch sends the dense layers dense (their rows all carry values).
 ``--compression`` and ``--mode`` take several values to train once with each in one launch.
 """
 import argparse

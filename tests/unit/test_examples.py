@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ["none", "fp16", "sketch", "randomk:ratio=0.5"]
 SUMMARY = re.compile(r"^(?:\[1,0\]<stdout>:)?(\S+?)(?: \((\w+)\))?: loss ([\d.]+) -> ([\d.]+); sent ([\d.]+) MB "
                      r"for ([\d.]+) MB", re.MULTILINE)
+#: (script, mode) whose compression meets the dense layers only (the embedding's tf.IndexedSlices go by
+#: Horovod's allgather): the drop-in sketch sends them dense, as any traced gradient whose rows all carry values.
+DENSE_ONLY = {("tensorflow_horovod.py", "eager"), ("keras_horovod.py", "keras")}
 SCRIPTS = {
     "pytorch_horovod.py": ([], [None], "pytorch-*.pt"),
     "tensorflow_horovod.py": (["--mode", "eager", "function"], ["eager", "function"], "tensorflow-*.index"),
@@ -36,5 +39,8 @@ def test_dropin_script_trains_under_horovodrun_with_every_dropin_compressor(scri
     assert set(runs) == {(flag, mode or "") for flag in FLAGS for mode in modes}, done.stdout[-3000:]
     for (flag, mode), (first, last, sent, dense) in runs.items():
         assert last < first, (flag, mode)  # it trains
-        assert 0 < sent <= dense * (1.01 if flag == "none" else 0.55), (flag, mode)  # and sends less but for none
+        if flag == "none" or (flag == "sketch" and (script, mode) in DENSE_ONLY):
+            assert dense <= sent <= dense * 1.01, (flag, mode)  # dense, and the few tags that check the ranks agree
+        else:
+            assert 0 < sent <= dense * 0.55, (flag, mode)  # it sends less
     assert len(list(tmp_path.glob(checkpoints))) >= len(FLAGS)  # rank 0 wrote its checkpoints
