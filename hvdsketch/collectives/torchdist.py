@@ -12,15 +12,21 @@ a process group (the default one unless given), so :meth:`Handle.test` polls
 - ``allgather`` (row counts may differ by rank) and ``bor``: every gathered
   message of a launch, whatever its dtype, packed as bytes into one ``all_gather``
   (gloo's takes equal sizes only: each rank's bytes padded to the longest rank's),
-  then cut apart by the row counts. Where those differ by rank, they travel first,
-  waited for at once, with the launch's integer allreduces (below). A ``bor``
-  is then folded from the gathered bitmaps, as Horovod's communicator does (so
-  bytes compare with it). A row-sparse gradient's allgather (indices and values)
-  is so two all_gathers with the step tag, where one by dtype with a round of
-  counts was four collectives.
+  then cut apart by the row counts. Where those differ by rank (a row-sparse
+  gradient's indices and values), the first launch of a message sends its counts
+  first, waited for at once, with the launch's integer allreduces (below); from
+  then on the message has a *bound*, :data:`HEADROOM` over the largest count of
+  its last launch (the count, where all were equal), and its rows go padded to
+  it, the counts and the launch's small reductions in the same one
+  ``all_gather``. Rows past a bound (a rank whose rows grew) follow in one more ``all_gather`` when the launch is settled: at its
+  results, or before the next launch, whichever comes first, so on every rank
+  right after their launch. A ``bor`` is folded from the gathered bitmaps, as
+  Horovod's communicator does (so bytes compare with it). A row-sparse gradient's
+  allgather is so one gloo collective with the step tag, where a round of counts
+  first was two, and one by dtype four.
 - integer ``average``, ``sum``, ``max`` (the exchanger's step tag and checks),
   and at 2 ranks floating-point ones under :data:`GATHERED_BELOW` bytes where no
-  row counts wait: one ``all_gather`` of their bytes, with the row counts,
+  row counts wait: in one ``all_gather`` of their bytes, with the row counts,
   reduced on each rank (integers exact in any order, a sum of two in one order).
   Gloo's ``all_gather`` takes ``N - 1`` hops where its ``all_reduce`` takes
   ``2 (N - 1)``; a small one cost 1.6 against 2.6 ms at 2 ranks, 5.0 against
@@ -52,7 +58,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -65,6 +71,9 @@ from hvdsketch.compress.base import Message
 #: Floating-point allreduce groups below this many bytes go as an all_gather at 2 ranks (1 MiB: 8 ms at
 #: 1 Gbit/s, against a hop of about 1 ms; see :meth:`_Launch._by_gather`).
 GATHERED_BELOW = 1 << 20
+#: An allgather's rows that differ by rank go padded to this much over the largest count of its last
+#: launch (where they differed): a quarter more bytes at most, against a round of counts before them.
+HEADROOM = 1.25
 
 
 def _integer(tensor: torch.Tensor) -> bool:
@@ -74,35 +83,47 @@ def _integer(tensor: torch.Tensor) -> bool:
 @dataclass
 class _Held:
     """What a communicator and its side channels (copies of it) share: whether a fusing block is
-    open, and the handles it holds."""
+    open, the handles it holds, and the last launch where it is bounded and not settled."""
 
     open: bool = False
     handles: list["TorchDistHandle"] = field(default_factory=list)
+    unsettled: "_Launch | None" = None
 
 
 class _Launch:
     """The collectives of some messages in flight; :meth:`results` gives each message's raw
     result in order (allreduced slices, gathered rows, alltoall's received rows).
 
-    Every rank issues them in one order: one allgather of the reductions :meth:`_by_gather` picks
-    and the row counts of allgathers (waited for at once where there are counts), the other
-    allreduces by group, one allgather of every gathered message packed as bytes, then each
-    alltoall."""
+    Every rank issues them in one order. Where every allgather whose rows differ by rank has a
+    bound (the communicator's, by message name): one all_gather of the row counts, the reductions
+    :meth:`_by_gather` picks and every gathered message (:meth:`_gather_bounded`), then the other
+    allreduces by group. Otherwise: one all_gather of those reductions and the row counts (waited
+    for at once where there are counts), the other allreduces, one all_gather of every gathered
+    message packed as bytes. Then each alltoall."""
 
-    def __init__(self, communicator: "TorchDistCommunicator", messages: Sequence[Message]) -> None:
+    def __init__(self, communicator: "TorchDistCommunicator", messages: Sequence[Message],
+                 names: Sequence[str]) -> None:
         self._communicator, self._messages = communicator, messages
         self._pending: list[tuple[list[int], Any, Any]] = []  # (indices, work or None, finish() -> their results)
         self._results: list[Any] | None = None
+        #: Fetches the rows past their bounds and learns the next bounds (a bounded launch, until settled).
+        self.settle: Callable[[], None] | None = None
         groups = group(messages)
         gathers = [i for (op, _), picked in groups.items() if op == "gather" for i in picked]
         varying = [i for i in gathers if messages[i].op == "allgather"]
+        bounds = {i: communicator.bounds.get(names[i]) for i in varying}
+        bounded = bool(varying) and None not in bounds.values()
         by_gather = [key for key, picked in groups.items() if KINDS[messages[picked[0]].op] == "allreduce"
-                     and self._by_gather([messages[i].tensor for i in picked], bool(varying))]
-        counts = self._reduce_by_gather(by_gather, groups, varying) if by_gather or varying else []
+                     and self._by_gather([messages[i].tensor for i in picked], bool(varying) and not bounded)]
+        if bounded:
+            self._gather_bounded(by_gather, groups, gathers, bounds, names)
+        else:
+            counts = self._reduce_by_gather(by_gather, groups, varying) if by_gather or varying else []
+            communicator.learn({names[i]: [every[j] for every in counts] for j, i in enumerate(varying)})
         for (op, dtype), picked in groups.items():
             if KINDS[messages[picked[0]].op] == "allreduce" and (op, dtype) not in by_gather:
                 self._allreduce(op, picked)
-        if gathers:
+        if gathers and not bounded:
             rows = {i: [messages[i].tensor.shape[0]] * communicator.size for i in gathers}
             rows.update({i: [every[j] for every in counts] for j, i in enumerate(varying)})
             self._gather(gathers, rows)
@@ -119,6 +140,29 @@ class _Launch:
             return True
         return self._communicator.size == 2 and not waited and sum(t.nbytes for t in tensors) < GATHERED_BELOW
 
+    def _fused(self, keys: list[tuple[str, str]], groups: dict[tuple[str, str], list[int]]) -> list[torch.Tensor]:
+        """Each allreduce group of ``keys`` as one flat tensor, a floating-point average scaled by ``1 / N``."""
+        c = self._communicator
+        fused = [torch.cat([c.staged(self._messages[i].tensor).reshape(-1) for i in groups[key]]) for key in keys]
+        return [f * (1.0 / c.size) if key[0] == "average" and not _integer(f) else f for f, key in zip(fused, keys)]
+
+    def _reduced(self, keys: list[tuple[str, str]], groups: dict[tuple[str, str], list[int]],
+                 fused: list[torch.Tensor], every: Callable[[int, torch.dtype], torch.Tensor]) -> list[Any]:
+        """The results of the groups ``keys`` gathered as ``fused``; ``every(k, dtype)`` is piece ``k``
+        of every rank's bytes (``fused[k - 1]``'s), a row per rank."""
+        c = self._communicator
+        out = []
+        for k, (key, flat) in enumerate(zip(keys, fused), start=1):
+            ranks = every(k, flat.dtype)
+            reduced = ranks.amax(0) if key[0] == "max" else ranks.sum(0, dtype=flat.dtype)
+            if key[0] == "average" and _integer(flat):
+                reduced = torch.div(reduced, c.size, rounding_mode="floor")
+            members = groups[key]
+            pieces = reduced.split([self._messages[i].tensor.numel() for i in members])
+            out += [c.unstaged(piece.reshape(self._messages[i].tensor.shape), self._messages[i].tensor)
+                    for piece, i in zip(pieces, members)]
+        return out
+
     def _reduce_by_gather(self, keys: list[tuple[str, str]], groups: dict[tuple[str, str], list[int]],
                           varying: list[int]) -> list[list[int]]:
         """The allreduce groups ``keys`` (see :meth:`_by_gather`) and the row counts of the allgathers
@@ -128,8 +172,7 @@ class _Launch:
         it is waited for at once and they are returned, every rank's list in rank order; the
         reductions' results come with the rest."""
         c = self._communicator
-        fused = [torch.cat([c.staged(self._messages[i].tensor).reshape(-1) for i in groups[key]]) for key in keys]
-        fused = [f * (1.0 / c.size) if key[0] == "average" and not _integer(f) else f for f, key in zip(fused, keys)]
+        fused = self._fused(keys, groups)
         device = fused[0].device if fused else c.staged(self._messages[varying[0]].tensor).device
         mine = [torch.tensor([self._messages[i].tensor.shape[0] for i in varying], dtype=torch.int64, device=device)]
         sizes = [t.numel() * t.element_size() for t in mine + fused]
@@ -145,23 +188,69 @@ class _Launch:
         if varying:
             work.wait()
             counts = every(0, torch.int64).cpu().tolist()
+        if keys:
+            self._pending.append(([i for key in keys for i in groups[key]], work,
+                                  lambda: self._reduced(keys, groups, fused, every)))
+        return counts
+
+    def _gather_bounded(self, keys: list[tuple[str, str]], groups: dict[tuple[str, str], list[int]],
+                        gathers: list[int], bounds: dict[int, int], names: Sequence[str]) -> None:
+        """One all_gather of the row counts of the allgathers ``bounds`` (index: rows), the allreduce
+        groups ``keys`` and every gathered message, each of ``bounds`` cut or zero-padded to its
+        bound: every rank's bytes the same length. :attr:`settle` fetches the rows past a bound."""
+        c = self._communicator
+        fused = self._fused(keys, groups)
+        tensors = {i: c.staged(self._messages[i].tensor).contiguous() for i in gathers}
+        row_bytes = {i: math.prod(t.shape[1:]) * t.element_size() for i, t in tensors.items()}
+        device = tensors[gathers[0]].device
+        head = [torch.tensor([tensors[i].shape[0] for i in bounds], dtype=torch.int64, device=device)] + fused
+        sizes = [t.numel() * t.element_size() for t in head]
+        spans = [bounds.get(i, tensors[i].shape[0]) * row_bytes[i] for i in gathers]
+        pieces = [t.view(torch.uint8) for t in head]
+        for i, span in zip(gathers, spans):
+            kept = tensors[i].reshape(-1).view(torch.uint8)[:span]
+            pieces += [kept, torch.zeros(span - kept.numel(), dtype=torch.uint8, device=device)]
+        mine = torch.cat(pieces)
+        parts = [torch.empty_like(mine) for _ in range(c.size)]
+        work = dist.all_gather(parts, mine, group=c.group, async_op=True)
+        counts: list[list[int]] = []  # every rank's row counts, once settled
+        past: list[torch.Tensor] = []  # every rank's rows past their bounds, where any rank had some
+
+        def settle() -> None:
+            work.wait()
+            counts.extend(part[:sizes[0]].view(torch.int64).cpu().tolist() for part in parts)
+            over = [[max(0, n - bounds[i]) * row_bytes[i] for n, i in zip(ns, bounds)] for ns in counts]
+            if any(map(sum, over)):
+                extra = torch.zeros(max(map(sum, over)), dtype=torch.uint8, device=device)
+                if sum(over[c.rank]):
+                    torch.cat([tensors[i].reshape(-1).view(torch.uint8)[bounds[i] * row_bytes[i]:] for i in bounds],
+                              out=extra[:sum(over[c.rank])])
+                past.extend(torch.empty_like(extra) for _ in range(c.size))
+                dist.all_gather(past, extra, group=c.group)
+            c.learn({names[i]: [ns[j] for ns in counts] for j, i in enumerate(bounds)})
+
+        def every(k: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.stack([part[:sum(sizes)].split(sizes)[k] for part in parts]).view(dtype)
 
         def finish() -> list[Any]:
-            out = []
-            for k, (key, flat) in enumerate(zip(keys, fused), start=1):
-                ranks = every(k, flat.dtype)
-                reduced = ranks.amax(0) if key[0] == "max" else ranks.sum(0, dtype=flat.dtype)
-                if key[0] == "average" and _integer(flat):
-                    reduced = torch.div(reduced, c.size, rounding_mode="floor")
-                members = groups[key]
-                pieces = reduced.split([self._messages[i].tensor.numel() for i in members])
-                out += [c.unstaged(piece.reshape(self._messages[i].tensor.shape), self._messages[i].tensor)
-                        for piece, i in zip(pieces, members)]
-            return out
+            rows: list[list[torch.Tensor]] = [[] for _ in gathers]
+            for r, part in enumerate(parts):
+                bodies = part[sum(sizes):].split(spans)
+                over = [max(0, n - bounds[i]) * row_bytes[i] for n, i in zip(counts[r], bounds)]
+                beyond = iter((past[r] if past else part)[:sum(over)].split(over))
+                sent = dict(zip(bounds, counts[r]))
+                for k, (i, body) in enumerate(zip(gathers, bodies)):
+                    rows[k].append(body[:min(sent[i], bounds[i]) * row_bytes[i]] if i in bounds else body)
+                    if i in bounds:
+                        rows[k].append(next(beyond))
+            total = {i: sum(ns[j] for ns in counts) for j, i in enumerate(bounds)}
+            gathered = [c.unstaged(torch.cat(p).view(tensors[i].dtype).reshape(
+                total.get(i, c.size * tensors[i].shape[0]), *tensors[i].shape[1:]), self._messages[i].tensor)
+                for p, i in zip(rows, gathers)]
+            return self._reduced(keys, groups, fused, every) + gathered
 
-        if keys:
-            self._pending.append(([i for key in keys for i in groups[key]], work, finish))
-        return counts
+        self.settle = settle
+        self._pending.append(([i for key in keys for i in groups[key]] + gathers, work, finish))
 
     def _allreduce(self, op: str, picked: list[int]) -> None:
         """One fused allreduce of ``picked`` (floating point: see :meth:`_by_gather`)."""
@@ -220,6 +309,7 @@ class _Launch:
 
     def results(self) -> list[Any]:
         if self._results is None:
+            self._communicator.settle(self)
             out: list[Any] = [None] * len(self._messages)
             for picked, work, finish in self._pending:
                 if work is not None:
@@ -233,8 +323,8 @@ class _Launch:
 class TorchDistHandle:
     """One :meth:`TorchDistCommunicator.start` call's messages: held, or part of a launch in flight."""
 
-    def __init__(self, communicator: "TorchDistCommunicator", messages: Sequence[Message]) -> None:
-        self._communicator, self.messages = communicator, list(messages)
+    def __init__(self, communicator: "TorchDistCommunicator", messages: Sequence[Message], name: str) -> None:
+        self._communicator, self.messages, self.name = communicator, list(messages), name
         self.launch: _Launch | None = None
         self.offset = 0  # where this call's messages begin in the launch's
         self._results: list[Any] | None = None
@@ -267,6 +357,8 @@ class TorchDistCommunicator:
         self.group = group
         self.stats = CommStats()
         self.held = _Held()
+        #: Rows an allgather goes padded to, by message (its start's name and place; see :meth:`learn`).
+        self.bounds: dict[str, int] = {}
         nccl = dist.get_backend(group) == "nccl"
         #: Where host tensors travel through (NCCL takes device tensors only), or ``None``.
         self.staging = torch.device("cuda", torch.cuda.current_device()) if nccl else None
@@ -282,7 +374,7 @@ class TorchDistCommunicator:
     def start(self, messages: Sequence[Message], name: str = "") -> TorchDistHandle:
         """Start reducing each message by its op (``name`` only labels: ranks match by call order)."""
         group(messages)  # an unknown op raises here, before anything is sent or held
-        handle = TorchDistHandle(self, messages)
+        handle = TorchDistHandle(self, messages, name)
         self.held.handles.append(handle)
         if not self.held.open:
             self.flush()
@@ -302,15 +394,33 @@ class TorchDistCommunicator:
             self.flush()
 
     def flush(self) -> None:
-        """Send every held message, in the order they were started."""
+        """Send every held message, in the order they were started (the last launch settled first)."""
         handles, self.held.handles = self.held.handles, []
         if not handles:
             return
-        launch = _Launch(self, [m for handle in handles for m in handle.messages])
+        self.settle()
+        launch = _Launch(self, [m for handle in handles for m in handle.messages],
+                         [f"{handle.name}#{j}" for handle in handles for j in range(len(handle.messages))])
+        self.held.unsettled = launch if launch.settle is not None else None
         offset = 0
         for handle in handles:
             handle.launch, handle.offset = launch, offset
             offset += len(handle.messages)
+
+    def settle(self, launch: _Launch | None = None) -> None:
+        """Settle the last launch (only if it is ``launch``, where given) if it is bounded and not
+        settled: rows past their bounds go in one more all_gather, issued here, so on every rank
+        right after that launch and before any later one."""
+        unsettled = self.held.unsettled
+        if unsettled is not None and launch in (None, unsettled):
+            self.held.unsettled = None
+            unsettled.settle()
+
+    def learn(self, counts: Mapping[str, list[int]]) -> None:
+        """The next bounds of the allgathers named in ``counts``, from every rank's row count: the
+        count, where every rank had the same (top-k's ``k``), else :data:`HEADROOM` over the largest."""
+        self.bounds.update({name: max(ns) if min(ns) == max(ns) else math.ceil(HEADROOM * max(ns))
+                            for name, ns in counts.items()})
 
     def counted(self, messages: Sequence[Message], raw: Sequence[Any]) -> list[Any]:
         """One start call's results from its raw ones, its bytes counted as Horovod's communicator

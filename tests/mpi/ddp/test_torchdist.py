@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from hvdsketch.collectives import reduce
 from hvdsketch.collectives.stats import alltoall_bytes, ring_allreduce_bytes
-from hvdsketch.collectives.torchdist import GATHERED_BELOW, TorchDistCommunicator
+from hvdsketch.collectives.torchdist import GATHERED_BELOW, HEADROOM, TorchDistCommunicator
 from hvdsketch.compress.base import Message
 
 
@@ -84,6 +84,48 @@ def test_gathers_of_every_dtype_travel_in_one_allgather_their_counts_with_the_in
     assert torch.equal(got_rows, torch.cat([torch.full((2 * r, 5), float(r)) for r in range(size)]))
     assert torch.equal(ored, torch.tensor([sum({1 << r % 8 for r in range(size)}), 0, 1], dtype=torch.uint8))
     assert calls == {"all_gather": 2, "all_reduce": 0}
+
+
+def sparse_rows(rank: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s ``count`` row indices and rows, told apart by rank."""
+    return (torch.arange(count, dtype=torch.int32) + 1000 * rank,
+            torch.arange(3 * count, dtype=torch.float32).reshape(count, 3) + 100 * rank)
+
+
+def test_rows_differing_by_rank_go_padded_to_the_bound_their_last_launch_set(comm, monkeypatch):
+    """A row-sparse gradient's allgather under one name, step after step: its first launch sends the
+    row counts first (two all_gathers); the next ones go in one, padded to HEADROOM over the last
+    launch's largest count; a rank whose rows outgrow that bound sends the rest in one more. The
+    step tag rides along; every result exact."""
+    rank, size = comm.rank, comm.size
+    calls = counting(monkeypatch)
+    steps = [[r + 1 for r in range(size)], [r + 1 for r in range(size)], [1] * (size - 1) + [4 * size], [0] * size]
+    gathers = []
+    for counts in steps:
+        before = calls["all_gather"]
+        indices, rows = sparse_rows(rank, counts[rank])
+        most, got_indices, got_rows = reduce(comm, [Message(torch.tensor([rank]), "max"),
+                                                    Message(indices, "allgather"), Message(rows, "allgather")], "embedding")
+        assert torch.equal(most, torch.tensor([size - 1]))
+        assert torch.equal(got_indices, torch.cat([sparse_rows(r, n)[0] for r, n in enumerate(counts)]))
+        assert torch.equal(got_rows, torch.cat([sparse_rows(r, n)[1] for r, n in enumerate(counts)]))
+        gathers.append(calls["all_gather"] - before)
+    assert 4 * size > HEADROOM * size  # the third step outgrows the second's bound
+    assert gathers == [2, 1, 2, 1] and calls["all_reduce"] == 0
+    assert comm.stats.snapshot()["allgather"]["bytes_sent"] == sum(
+        (4 + 12) * counts[rank] * (size - 1) for counts in steps)  # counted as sent, not as padded
+
+
+def test_rows_past_a_bound_go_before_the_next_launch(comm):
+    """A bounded launch that rank 0 outgrows, then another launch before its results are read: the rest
+    of its rows go first, on every rank, and both come back exact."""
+    rank, size = comm.rank, comm.size
+    reduce(comm, [Message(sparse_rows(rank, 1)[1], "allgather")], "table")
+    grown = [9 if r == 0 else 1 for r in range(size)]
+    first = comm.start([Message(sparse_rows(rank, grown[rank])[1], "allgather")], "table")
+    second = comm.start([Message(torch.full((4,), float(rank)), "sum")], "dense")
+    assert torch.equal(second.wait()[0], torch.full((4,), float(sum(range(size)))))
+    assert torch.equal(first.wait()[0], torch.cat([sparse_rows(r, n)[1] for r, n in enumerate(grown)]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
