@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
 import torch
 
 BLOCK = 1 << 18
@@ -124,27 +125,39 @@ def stochastic_round(x: torch.Tensor, scales: torch.Tensor, size: int, limit: in
                      dtype: torch.dtype) -> torch.Tensor:
     """``floor(x_i * scales[i // size] + u_i)`` clipped to ``[-limit, limit]``, as ``dtype``.
 
-    Each ``u_i`` is 16 random bits, ``(r + 0.5) / 2^16``, four of them from each int64 that
-    ``Tensor.random_`` draws over the whole int64 range: a quarter of the generator's work of
-    ``torch.rand``, whose float32 draws take one call each.
+    Each ``u_i`` is 16 random bits, ``(r + 0.5) / 2^16``, four of them from each random 64-bit word
+    (:func:`_words`): a quarter of the generator's work of ``torch.rand``, whose float32 draws take
+    one call each.
     Per block: the draws into one float buffer, then ``addcmul``, ``floor`` and ``clamp`` in place and
     the cast into the result, so the data and the buffer pass through cache, not memory.
     """
     n = x.shape[0]
     block = _block(x)
-    generator = torch.Generator(device=x.device).manual_seed(seed)
-    words = torch.empty(-(-min(block, n) // 4), dtype=torch.int64, device=x.device)
+    most = -(-min(block, n) // 4)
+    words = _words(seed, most, x.device)
     # float32 at least: in float16, (r + 32768.5) / 2^16 would round to multiples of 2^-11, and up to 1
-    y = torch.empty(4 * words.shape[0], dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
+    y = torch.empty(4 * most, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
     out = torch.empty(n, dtype=dtype, device=x.device)
     for a, b, rows, width in _spans(n, size, block):
         m = -(-(b - a) // 4)
-        bits = words[:m].random_(-2**63, 2**63 - 1, generator=generator).view(torch.int16)
+        bits = words(m).view(torch.int16)
         u = y[:4 * m].copy_(bits)[:b - a].view(rows, width)
         u.add_(32768.5).mul_(1 / 65536)
         u.addcmul_(x[a:b].view(rows, width), _scales(scales, size, a, rows)).floor_().clamp_(-limit, limit)
         out[a:b].view(rows, width).copy_(u)
     return out
+
+
+def _words(seed: int, most: int, device: torch.device) -> Callable[[int], torch.Tensor]:
+    """``words(m)``: the next ``m <= most`` random int64 words of a stream seeded by ``seed``. On the
+    host NumPy's SFC64 (its raw output: 4.4 ms for 2.5 million words here, against 9.6 ms for
+    ``Tensor.random_`` over the int64 range); on a device torch's generator there, into one buffer."""
+    if device.type == "cpu":
+        source = np.random.SFC64(seed)
+        return lambda m: torch.from_numpy(source.random_raw(m).view(np.int64))
+    generator = torch.Generator(device=device).manual_seed(seed)
+    buffer = torch.empty(most, dtype=torch.int64, device=device)
+    return lambda m: buffer[:m].random_(-2**63, 2**63 - 1, generator=generator)
 
 
 def scaled_sum(codes: torch.Tensor, scales: torch.Tensor, size: int, out: torch.Tensor | None) -> torch.Tensor:
