@@ -298,7 +298,10 @@ def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
 
 def bucket_norms(x: Tensor, size: int, order: float) -> Tensor:
     """Norms of the whole buckets as a matrix and of the shorter last one apart (no padded copy);
-    the infinity norm as the larger of ``max`` and ``-min`` (no ``|x|`` temporary: a pass each)."""
+    the infinity norm as the larger of ``max`` and ``-min`` (no ``|x|`` temporary: a pass each); the
+    L1 norm of float32 and float64 on the host in blocks (:func:`hvdsketch.ops.torch_host.l1_norms`)."""
+    if order == 1 and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        return torch_host.l1_norms(x, size)
     whole = x.shape[0] - x.shape[0] % size
     parts = [x[:whole].reshape(-1, size), x[whole:].reshape(1, -1)] if whole < x.shape[0] else [x.reshape(-1, size)]
     if order != math.inf:
