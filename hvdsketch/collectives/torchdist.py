@@ -11,7 +11,7 @@ a process group (the default one unless given), so :meth:`Handle.test` polls
   fused in the bucket's layout come back bit for bit as DDP's).
 - ``allgather`` (row counts may differ by rank) and ``bor``: every gathered
   message of a launch, whatever its dtype, packed as bytes into one ``all_gather``
-  (gloo's takes equal sizes only: each rank's bytes padded to the longest rank's),
+  (gloo's takes equal sizes only: each message padded to its longest rank's rows),
   then cut apart by the row counts. Where those differ by rank (a row-sparse
   gradient's indices and values), the first launch of a message sends its counts
   first, waited for at once, with the launch's integer allreduces (below); from
@@ -96,10 +96,10 @@ class _Launch:
 
     Every rank issues them in one order. Where every allgather whose rows differ by rank has a
     bound (the communicator's, by message name): one all_gather of the row counts, the reductions
-    :meth:`_by_gather` picks and every gathered message (:meth:`_gather_bounded`), then the other
+    :meth:`_by_gather` picks and every gathered message (:meth:`_gather`), then the other
     allreduces by group. Otherwise: one all_gather of those reductions and the row counts (waited
-    for at once where there are counts), the other allreduces, one all_gather of every gathered
-    message packed as bytes. Then each alltoall."""
+    for at once where there are counts), the other allreduces, then :meth:`_gather`'s all_gather of
+    every gathered message, padded to the largest counts. Then each alltoall."""
 
     def __init__(self, communicator: "TorchDistCommunicator", messages: Sequence[Message],
                  names: Sequence[str]) -> None:
@@ -115,18 +115,18 @@ class _Launch:
         bounded = bool(varying) and None not in bounds.values()
         by_gather = [key for key, picked in groups.items() if KINDS[messages[picked[0]].op] == "allreduce"
                      and self._by_gather([messages[i].tensor for i in picked], bool(varying) and not bounded)]
+        counts = None  # every rank's row counts of ``varying``, where they travel first
         if bounded:
-            self._gather_bounded(by_gather, groups, gathers, bounds, names)
-        else:
-            counts = self._reduce_by_gather(by_gather, groups, varying) if by_gather or varying else []
+            self._gather(by_gather, groups, gathers, bounds, names)
+        elif by_gather or varying:
+            counts = self._reduce_by_gather(by_gather, groups, varying)
             communicator.learn({names[i]: [every[j] for every in counts] for j, i in enumerate(varying)})
         for (op, dtype), picked in groups.items():
             if KINDS[messages[picked[0]].op] == "allreduce" and (op, dtype) not in by_gather:
                 self._allreduce(op, picked)
         if gathers and not bounded:
-            rows = {i: [messages[i].tensor.shape[0]] * communicator.size for i in gathers}
-            rows.update({i: [every[j] for every in counts] for j, i in enumerate(varying)})
-            self._gather(gathers, rows)
+            exact = {i: max(every[j] for every in counts) for j, i in enumerate(varying)}
+            self._gather([], groups, gathers, exact, names, counts or [])
         for (op, _), picked in groups.items():
             if op.startswith("alltoall"):
                 self._alltoall(picked[0])
@@ -193,11 +193,13 @@ class _Launch:
                                   lambda: self._reduced(keys, groups, fused, every)))
         return counts
 
-    def _gather_bounded(self, keys: list[tuple[str, str]], groups: dict[tuple[str, str], list[int]],
-                        gathers: list[int], bounds: dict[int, int], names: Sequence[str]) -> None:
+    def _gather(self, keys: list[tuple[str, str]], groups: dict[tuple[str, str], list[int]], gathers: list[int],
+                bounds: dict[int, int], names: Sequence[str], counts: list[list[int]] | None = None) -> None:
         """One all_gather of the row counts of the allgathers ``bounds`` (index: rows), the allreduce
-        groups ``keys`` and every gathered message, each of ``bounds`` cut or zero-padded to its
-        bound: every rank's bytes the same length. :attr:`settle` fetches the rows past a bound."""
+        groups ``keys`` and every gathered message, each of ``bounds`` cut or zero-padded to its bound:
+        every rank's bytes the same length. ``counts``: every rank's row counts, where they travelled
+        first (the bounds are then their largest); otherwise the bounds are learnt ones, and
+        :attr:`settle` fetches the rows past a bound and learns the next."""
         c = self._communicator
         fused = self._fused(keys, groups)
         tensors = {i: c.staged(self._messages[i].tensor).contiguous() for i in gathers}
@@ -212,14 +214,14 @@ class _Launch:
             pieces += [kept, torch.zeros(span - kept.numel(), dtype=torch.uint8, device=device)]
         mine = torch.cat(pieces)
         parts = [torch.empty_like(mine) for _ in range(c.size)]
-        work = dist.all_gather(parts, mine, group=c.group, async_op=True)
-        counts: list[list[int]] = []  # every rank's row counts, once settled
+        work = dist.all_gather(parts, mine, group=c.group, async_op=True) if mine.numel() else None
+        every_count: list[list[int]] = list(counts or [])  # every rank's row counts, once known
         past: list[torch.Tensor] = []  # every rank's rows past their bounds, where any rank had some
 
         def settle() -> None:
             work.wait()
-            counts.extend(part[:sizes[0]].view(torch.int64).cpu().tolist() for part in parts)
-            over = [[max(0, n - bounds[i]) * row_bytes[i] for n, i in zip(ns, bounds)] for ns in counts]
+            every_count.extend(part[:sizes[0]].view(torch.int64).cpu().tolist() for part in parts)
+            over = [[max(0, n - bounds[i]) * row_bytes[i] for n, i in zip(ns, bounds)] for ns in every_count]
             if any(map(sum, over)):
                 extra = torch.zeros(max(map(sum, over)), dtype=torch.uint8, device=device)
                 if sum(over[c.rank]):
@@ -227,7 +229,7 @@ class _Launch:
                               out=extra[:sum(over[c.rank])])
                 past.extend(torch.empty_like(extra) for _ in range(c.size))
                 dist.all_gather(past, extra, group=c.group)
-            c.learn({names[i]: [ns[j] for ns in counts] for j, i in enumerate(bounds)})
+            c.learn({names[i]: [ns[j] for ns in every_count] for j, i in enumerate(bounds)})
 
         def every(k: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.stack([part[:sum(sizes)].split(sizes)[k] for part in parts]).view(dtype)
@@ -236,20 +238,21 @@ class _Launch:
             rows: list[list[torch.Tensor]] = [[] for _ in gathers]
             for r, part in enumerate(parts):
                 bodies = part[sum(sizes):].split(spans)
-                over = [max(0, n - bounds[i]) * row_bytes[i] for n, i in zip(counts[r], bounds)]
+                sent = dict(zip(bounds, every_count[r] if bounds else []))
+                over = [max(0, sent[i] - bounds[i]) * row_bytes[i] for i in bounds]
                 beyond = iter((past[r] if past else part)[:sum(over)].split(over))
-                sent = dict(zip(bounds, counts[r]))
                 for k, (i, body) in enumerate(zip(gathers, bodies)):
                     rows[k].append(body[:min(sent[i], bounds[i]) * row_bytes[i]] if i in bounds else body)
                     if i in bounds:
                         rows[k].append(next(beyond))
-            total = {i: sum(ns[j] for ns in counts) for j, i in enumerate(bounds)}
+            total = {i: sum(ns[j] for ns in every_count) for j, i in enumerate(bounds)}
             gathered = [c.unstaged(torch.cat(p).view(tensors[i].dtype).reshape(
                 total.get(i, c.size * tensors[i].shape[0]), *tensors[i].shape[1:]), self._messages[i].tensor)
                 for p, i in zip(rows, gathers)]
             return self._reduced(keys, groups, fused, every) + gathered
 
-        self.settle = settle
+        if counts is None:
+            self.settle = settle
         self._pending.append(([i for key in keys for i in groups[key]] + gathers, work, finish))
 
     def _allreduce(self, op: str, picked: list[int]) -> None:
@@ -265,31 +268,6 @@ class _Launch:
         def finish() -> list[Any]:
             return [c.unstaged(piece.reshape(t.shape), self._messages[i].tensor)
                     for piece, t, i in zip(fused.split([t.numel() for t in tensors]), tensors, picked)]
-
-        self._pending.append((picked, work, finish))
-
-    def _gather(self, picked: list[int], rows: dict[int, list[int]]) -> None:
-        """One allgather of every message in ``picked`` (``rows``: each one's row count on every
-        rank), this rank's as one run of bytes padded to the longest rank's."""
-        c = self._communicator
-        tensors = [c.staged(self._messages[i].tensor).contiguous() for i in picked]
-        row_bytes = [math.prod(t.shape[1:]) * t.element_size() for t in tensors]
-        lengths = [sum(rows[i][r] * b for i, b in zip(picked, row_bytes)) for r in range(c.size)]
-        mine = torch.zeros(max(lengths), dtype=torch.uint8, device=tensors[0].device)
-        if lengths[c.rank]:
-            torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors], out=mine[:lengths[c.rank]])
-        parts = [torch.empty_like(mine) for _ in range(c.size)]
-        work = None if mine.numel() == 0 else dist.all_gather(parts, mine, group=c.group, async_op=True)
-
-        def finish() -> list[Any]:
-            pieces: list[list[torch.Tensor]] = [[] for _ in picked]
-            for r, part in enumerate(parts):
-                offset = 0
-                for k, (i, b) in enumerate(zip(picked, row_bytes)):
-                    pieces[k].append(part[offset:offset + rows[i][r] * b])
-                    offset += rows[i][r] * b
-            return [c.unstaged(torch.cat(p).view(t.dtype).reshape(sum(rows[i]), *t.shape[1:]), self._messages[i].tensor)
-                    for p, t, i in zip(pieces, tensors, picked)]
 
         self._pending.append((picked, work, finish))
 
