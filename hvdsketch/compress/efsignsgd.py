@@ -37,14 +37,13 @@ class EFSignSGD(Compressor):
         flat = ops.flatten(tensor)
         n = math.prod(ctx.shape)
         scale = ops.bucket_norms(flat, n, 1) / n
-        return [Message(scale, "allgather"), Message(ops.pack_bits(flat >= 0), "allgather")], None
+        return [Message(scale, "allgather"), Message(ops.sign_bits(flat), "allgather")], None
 
     def decompress(self, reduced: Sequence[Any], state: Any, ctx: TensorContext) -> Any:
         """The mean over ranks of ``scale * (2 bit - 1)``, the ``1 / N`` folded into the scales."""
         scales, bits = reduced
         ops = backend(scales)
         n = math.prod(ctx.shape)
-        signs = ops.reshape(2 * ops.cast(ops.unpack_bits(bits), "int8") - 1, (ctx.world_size, -1))[:, :n]
-        average = ops.scaled_sum(signs, ops.reshape(scales / ctx.world_size, (ctx.world_size, 1)), n,
-                                 flat_out(ops, ctx.out))
+        average = ops.sign_sum(ops.reshape(bits, (ctx.world_size, -1)), ops.reshape(scales / ctx.world_size, (-1,)), n,
+                               flat_out(ops, ctx.out))
         return ops.reshape(average, ctx.shape)

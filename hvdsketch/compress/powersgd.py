@@ -122,12 +122,12 @@ class PowerSGD(Compressor):
         return [Message(ops.matmul(ops.transpose(p_hat), matrix), "average")], p_hat
 
     def residual(self, tensor: Any, messages: Sequence[Message], p_hat: Any, ctx: TensorContext) -> Any:
-        """``M - P^ Q_local^T``, subtracted in the memory of the estimate (one dense temporary)."""
+        """``M - P^ Q_local^T`` in one pass over ``M`` (a new tensor; ``Q_local^T`` is the message sent)."""
         if p_hat is None:
             return super().residual(tensor, messages, p_hat, ctx)
         ops = backend(p_hat)
-        estimate = self.estimate(messages, p_hat, ctx)
-        return ops.axpy(-1.0, estimate, tensor, estimate if ops.writable else None)
+        matrix = ops.reshape(tensor, (ops.shape(p_hat)[0], -1))
+        return ops.reshape(ops.sub_matmul(matrix, p_hat, messages[0].tensor), ctx.shape)
 
     def decompress(self, reduced: Sequence[Any], p_hat: Any, ctx: TensorContext) -> Any:
         if p_hat is None:

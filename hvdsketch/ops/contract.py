@@ -178,6 +178,9 @@ class Ops(Protocol):
     def matmul(self, a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
         """The matrix product ``a b`` (written into ``out``, of its shape and dtype, when given)."""
 
+    def sub_matmul(self, c: Tensor, a: Tensor, b: Tensor) -> Tensor:
+        """``c - a b``, a new matrix, in one pass over ``c`` where the back-end has one."""
+
     def sign(self, x: Tensor) -> Tensor:
         """-1, 0 or 1 by the sign of each element."""
 
@@ -242,6 +245,11 @@ class Ops(Protocol):
         rank) and the float matrix ``scales``: a vector of ``codes``' row length and ``scales``' dtype
         (written into ``out``, of that length and dtype, when given)."""
 
+    def sign_sum(self, bits: Tensor, scales: Tensor, n: int, out: Tensor | None = None) -> Tensor:
+        """``sum_r scales[r] * (2 b_ri - 1)`` over the first ``n`` bits ``b_r`` of each row of the packed
+        uint8 matrix ``bits`` (one row per rank, :meth:`pack_bits`' order) and the vector ``scales``: a
+        vector of length ``n`` and ``scales``' dtype (written into ``out``, of that length and dtype, when given)."""
+
     # -- selecting (output sizes marked "host sync" depend on the values) -----------------------
 
     def topk_abs(self, x: Tensor, k: int) -> Tensor:
@@ -271,6 +279,9 @@ class Ops(Protocol):
     def pack_bits(self, mask: Tensor) -> Tensor:
         """The truth values of the vector ``mask`` as uint8, 8 per byte, first in the highest bit,
         the last byte padded with zeros."""
+
+    def sign_bits(self, x: Tensor) -> Tensor:
+        """:meth:`pack_bits` of ``x >= 0`` for the vector ``x`` (NaN: 0)."""
 
     def unpack_bits(self, bits: Tensor) -> Tensor:
         """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""

@@ -236,6 +236,11 @@ def scaled_sum(codes: Tensor, scales: Tensor, size: int, out: Tensor | None = No
     return np.sum(codes * np.repeat(scales, size, axis=1)[:, :codes.shape[1]], axis=0, out=out)
 
 
+def sign_sum(bits: Tensor, scales: Tensor, n: int, out: Tensor | None = None) -> Tensor:
+    signs = 2 * np.unpackbits(bits, axis=1)[:, :n].astype(np.int8) - 1
+    return scaled_sum(signs, scales[:, None], n, out)
+
+
 def sqnorm(x: Tensor) -> Tensor:
     """Sum of squares of ``x``, accumulated in float64 (0-d)."""
     return np.asarray(np.sum(np.square(x, dtype=np.float64)))
@@ -334,6 +339,10 @@ def matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
     return np.matmul(a, b, out=out)
 
 
+def sub_matmul(c: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    return c - a @ b
+
+
 def transpose(x2d: Tensor) -> Tensor:
     return x2d.T
 
@@ -348,6 +357,10 @@ def pack_bits(mask: Tensor) -> Tensor:
     """The truth values of the 1-D ``mask`` as uint8, 8 per byte, first in the highest bit,
     the last byte padded with zeros."""
     return np.packbits(mask.astype(bool))
+
+
+def sign_bits(x: Tensor) -> Tensor:
+    return pack_bits(x >= 0)
 
 
 def unpack_bits(bits: Tensor) -> Tensor:

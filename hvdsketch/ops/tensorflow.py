@@ -247,6 +247,11 @@ def scaled_sum(codes: Tensor, scales: Tensor, size: int, out: Tensor | None = No
     return tf.reduce_sum(tf.cast(codes, scales.dtype) * per_entry, axis=0)
 
 
+def sign_sum(bits: Tensor, scales: Tensor, n: int, out: Tensor | None = None) -> Tensor:
+    signs = 2 * tf.cast(tf.reshape(unpack_bits(tf.reshape(bits, [-1])), [tf.shape(bits)[0], -1])[:, :n], tf.int8) - 1
+    return scaled_sum(signs, scales[:, None], n, out)
+
+
 def sqnorm(x: Tensor) -> Tensor:
     """Sum of squares of ``x``, accumulated in float64 (0-d)."""
     return tf.reduce_sum(tf.square(tf.cast(x, tf.float64)))
@@ -365,6 +370,10 @@ def matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
     return tf.linalg.matmul(a, b)
 
 
+def sub_matmul(c: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    return c - tf.linalg.matmul(a, b)
+
+
 def transpose(x2d: Tensor) -> Tensor:
     return tf.transpose(x2d)
 
@@ -381,6 +390,10 @@ def pack_bits(mask: Tensor) -> Tensor:
     bits = tf.cast(mask, tf.int32)
     bits = tf.reshape(tf.pad(bits, [[0, -tf.size(bits) % 8]]), [-1, 8])
     return tf.cast(tf.reduce_sum(tf.bitwise.left_shift(bits, tf.range(7, -1, -1)), axis=1), tf.uint8)
+
+
+def sign_bits(x: Tensor) -> Tensor:
+    return pack_bits(x >= 0)
 
 
 def unpack_bits(bits: Tensor) -> Tensor:

@@ -322,6 +322,15 @@ def scaled_sum(codes: Tensor, scales: Tensor, size: int, out: Tensor | None = No
     return torch_host.scaled_sum(codes, scales, size, out)
 
 
+def sign_sum(bits: Tensor, scales: Tensor, n: int, out: Tensor | None = None) -> Tensor:
+    """On the host :func:`hvdsketch.ops.torch_host.sign_sum` (a table of each byte's signs); on a device
+    the bits unpacked to -1 / +1 and :func:`scaled_sum`."""
+    if bits.device.type == "cpu":
+        return torch_host.sign_sum(bits, scales, n, out)
+    signs = 2 * unpack_bits(bits.reshape(-1)).to(torch.int8).reshape(bits.shape[0], -1)[:, :n] - 1
+    return scaled_sum(signs, scales[:, None], n, out)
+
+
 def reduce_sum(x: Tensor, axis: int | None = None) -> Tensor:
     return x.sum() if axis is None else x.sum(dim=axis)
 
@@ -356,7 +365,24 @@ def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tens
 
 
 def matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
+    """On the host, a large product of a small inner dimension (PowerSGD's ``P Q^T``) in blocks of rows
+    (:func:`hvdsketch.ops.torch_host.product`)."""
+    if _host_product(a, b):
+        return torch_host.product(a, b, out)
     return torch.matmul(a, b, out=out)
+
+
+def sub_matmul(c: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    if _host_product(a, b):
+        return torch_host.product(a, b, torch.empty_like(c), c)
+    return torch.addmm(c, a, b, alpha=-1)
+
+
+def _host_product(a: Tensor, b: Tensor) -> bool:
+    """A product on the host worth doing in blocks: a result of more than a block, an inner dimension
+    of 2 or more (of 1, MKL's own outer product is faster)."""
+    return (a.device.type == "cpu" and a.dim() == b.dim() == 2 and a.shape[1] > 1
+            and a.shape[0] * b.shape[1] > torch_host.BLOCK)
 
 
 def transpose(x2d: Tensor) -> Tensor:
@@ -381,6 +407,13 @@ def pack_bits(mask: Tensor) -> Tensor:
         return torch.from_numpy(np.packbits(mask.numpy()))
     bits = pad(mask.to(torch.uint8), -mask.shape[0] % 8).reshape(-1, 8)
     return (bits << _bit_shifts(mask)).sum(dim=1, dtype=torch.uint8)
+
+
+def sign_bits(x: Tensor) -> Tensor:
+    """On the host in blocks (:func:`hvdsketch.ops.torch_host.sign_bits`)."""
+    if x.device.type == "cpu":
+        return torch_host.sign_bits(x)
+    return pack_bits(x >= 0)
 
 
 def unpack_bits(bits: Tensor) -> Tensor:

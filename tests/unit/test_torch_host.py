@@ -53,3 +53,46 @@ def test_nothing_is_made_on_torchs_default_device():
     with torch.device("meta"):
         for idx in (torch_host.topk_abs(x, 1000), torch_host.topk_abs(x, N // 10), torch_host.reaching(x, 1.2)):
             assert idx.device.type == "cpu"
+
+
+@pytest.mark.parametrize("shape", [(3000, 2, 300), (10000, 4, 256), (999, 32, 1000)])
+def test_the_product_in_blocks_is_the_product(shape):
+    n, r, m = shape
+    g = torch.Generator().manual_seed(3)
+    a, b, c = torch.randn(n, r, generator=g), torch.randn(r, m, generator=g), torch.randn(n, m, generator=g)
+    out = torch.empty(n, m)
+    assert torch_host.product(a, b, out) is out
+    torch.testing.assert_close(out, a @ b)
+    torch.testing.assert_close(torch_host.product(a.T.contiguous().T, b, minuend=c), c - a @ b)
+    with torch.device("meta"):
+        assert torch_host.product(a, b).device.type == "cpu"
+
+
+@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("n", [5, 8, 8 * torch_host.BLOCK + 13])
+def test_the_sign_sum_by_table_is_the_sum_of_the_scaled_signs(world, n):
+    from hvdsketch.ops import torch as ops
+
+    g = torch.Generator().manual_seed(world)
+    signs = torch.randint(0, 2, (world, n), generator=g, dtype=torch.uint8)
+    bits = torch.stack([ops.pack_bits(row.bool()) for row in signs])
+    scales = torch.rand(world, generator=g) + 0.5
+    expected = torch_host.scaled_sum(2 * signs.to(torch.int8) - 1, scales[:, None], n, None)
+    out = torch.empty(n)
+    assert torch_host.sign_sum(bits, scales, n, out) is out
+    assert torch.equal(out, expected)
+    with torch.device("meta"):
+        assert torch_host.sign_sum(bits, scales, n).device.type == "cpu"
+
+
+@pytest.mark.parametrize("n", [3, 8, 2 * torch_host.BLOCK + 13])
+def test_the_sign_bits_in_blocks_are_the_packed_comparison(n):
+    from hvdsketch.ops import torch as ops
+
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    x[0], x[-1] = -0.0, float("nan")
+    assert torch.equal(torch_host.sign_bits(x), ops.pack_bits(x >= 0))
+    with torch.device("meta"):
+        assert torch_host.sign_bits(x).device.type == "cpu"
+    half = x.to(torch.bfloat16)
+    assert torch.equal(torch_host.sign_bits(half), ops.pack_bits(half >= 0))
