@@ -55,7 +55,7 @@ decided, unless ``replan`` observes again.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch import spec as _spec
@@ -67,7 +67,7 @@ from hvdsketch.compress.union import Union
 from hvdsketch.ops import backend
 from hvdsketch.policy.base import Policy, announce
 from hvdsketch.policy.cost import (BLOCK, Link, Measurement, balanced_bytes, densities, measure, parse_bandwidth,
-                                   parse_latency, union_bytes, values_of)
+                                   parse_latency, step_seconds, union_bytes, values_of)
 from hvdsketch.policy.probe import probe
 from hvdsketch.policy.table import Assignment
 
@@ -240,8 +240,8 @@ class AutoPolicy(Policy):
         worst = [float(x) for x in ops.to_numpy(worst)]
         self._link = link = Link(worst[0], 1 / worst[1] if worst[1] else math.inf)
         pairs = iter(zip(worst[2::2], worst[3::2]))
-        measured = [[Measurement(c, int(w), m.calls) for m, (c, w) in zip(ms, pairs)] for ms in local]
-        choice = [self.choose(ms, link) for ms in measured]
+        measured = [[replace(m, compute=c, wire=int(w)) for m, (c, w) in zip(ms, pairs)] for ms in local]
+        choice = self.share(measured, [self.choose(ms, link) for ms in measured], link)
         (gathered,) = reduce(side, [Message(ops.constant(choice, "int64", like), "allgather")], "hvdsketch.auto.choice")
         choice = [int(x) for x in ops.to_numpy(gathered)[:len(choice)]]  # rank 0's
         self._window = {}
@@ -270,13 +270,41 @@ class AutoPolicy(Policy):
                 int(balanced_bytes(all_units, itemsize * math.prod(ctx.shape) // all_units,
                                    (union / ctx.world_size if touched is None else touched) * all_units, units,
                                    ctx.world_size)))
-        return Measurement(measured.compute, wire, measured.calls)
+        return replace(measured, wire=wire)
 
     def choose(self, measured: Sequence[Measurement], link: Link) -> int:
         """The cheapest candidate (index into ``measured``; 0 is ``none``), if it beats dense by the margin."""
         costs = [m.seconds(link) for m in measured]
         best = min(range(len(costs)), key=costs.__getitem__)
         return best if costs[best] < (1 - self.options.margin) * costs[0] else 0
+
+    def share(self, measured: Sequence[Sequence[Measurement]], choice: Sequence[int], link: Link) -> list[int]:
+        """``choice`` (an index into each tensor's ``measured``) with collectives shared where that makes
+        the step cheaper (:func:`~hvdsketch.policy.cost.step_seconds`): for one collective of the step,
+        every tensor in it moves to its cheapest candidate outside it (the collectives the other tensors
+        launch cost it no latency), kept if the step's seconds fall by more than ``margin`` of the moved
+        tensors' dense seconds; again until no collective can go. So a small dense tensor whose own
+        allreduce would be the step's only one rides in the embedding's allgather instead (fastText)."""
+        choice = list(choice)
+        while True:
+            chosen = [ms[k] for ms, k in zip(measured, choice)]
+            for key in sorted(frozenset().union(*(m.collectives for m in chosen))):
+                moved = [i for i, m in enumerate(chosen) if key in m.collectives]
+                free = frozenset().union(*(m.collectives for i, m in enumerate(chosen) if i not in moved))
+                trial = list(choice)
+                for i in moved:
+                    outside = [k for k, m in enumerate(measured[i]) if key not in m.collectives]
+                    if not outside:
+                        break
+                    trial[i] = min(outside, key=lambda k, ms=measured[i]: step_seconds([ms[k]], link)
+                                   - len(ms[k].collectives & free) * link.latency)
+                else:
+                    gain = step_seconds(chosen, link) - step_seconds([ms[k] for ms, k in zip(measured, trial)], link)
+                    if gain > self.options.margin * sum(measured[i][0].seconds(link) for i in moved):
+                        choice = trial
+                        break
+            else:
+                return choice
 
     # -- checkpoints ------------------------------------------------------------------------------
 

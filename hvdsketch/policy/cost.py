@@ -21,6 +21,10 @@ A compressor's exchange of one tensor costs one rank, per step::
   is a second dtype (one more fused allreduce), top-k two allgathers (index,
   value), PowerSGD a second round. Counted per tensor, which overstates what
   tensors sharing a call pay: the model errs towards fewer collectives.
+  :func:`step_seconds` prices a whole step's choices instead: one latency per
+  collective the step launches, a round's messages of one kind and dtype
+  sharing one (as the communicators group them, and Horovod fuses them), the
+  dense allreduce counted only where some tensor goes dense.
 - ``compute(c)``: compress plus decompress, timed on the real tensor
   (:func:`measure`), densifying a row-sparse gradient included where ``c``
   needs it dense.
@@ -33,6 +37,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from hvdsketch.collectives.grouping import group
 from hvdsketch.collectives.stats import ring_allreduce_bytes
 from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext
 from hvdsketch.compress.flight import run_local
@@ -145,9 +150,18 @@ class Measurement:
     compute: float  # seconds of compress + decompress on this rank
     wire: int       # bytes this rank sends per step
     calls: int      # collectives beyond the fused allreduce of the tensor's dtype
+    #: The collectives of its rounds as ``(round, group, dtype)`` (:func:`collectives`).
+    collectives: frozenset[tuple[int, str, str]] = frozenset()
 
     def seconds(self, link: Link) -> float:
         return link.seconds(self.wire, self.calls) + self.compute
+
+
+def step_seconds(chosen: Sequence[Measurement], link: Link) -> float:
+    """Seconds of one step whose tensors are exchanged as ``chosen``: every tensor's bytes and
+    compute, and one latency for each collective of them all (tensors in one collective share it)."""
+    launched = frozenset().union(*(m.collectives for m in chosen))
+    return sum(m.wire / link.bandwidth + m.compute for m in chosen) + len(launched) * link.latency
 
 
 def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: int = 5,
@@ -169,7 +183,9 @@ def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: in
         best = min(best, time.perf_counter() - start)
     size = ctx.world_size
     wire = sum(wire_bytes(m.op, backend(m.tensor).nbytes(m.tensor), size, ring_bor) for r in rounds for m in r)
-    return Measurement(best, wire, _calls(rounds, values_of(tensor)))
+    launched = collectives(rounds)
+    own = backend(values_of(tensor)).dtype_name(values_of(tensor))
+    return Measurement(best, wire, len(launched) - ((0, "average", own) in launched), launched)
 
 
 def densified(tensor: Any) -> Any:
@@ -177,19 +193,11 @@ def densified(tensor: Any) -> Any:
     return tensor.to_dense() if isinstance(tensor, RowSparse) else tensor
 
 
-def _calls(rounds: Sequence[Sequence[Message]], tensor: Any) -> int:
-    """Collectives of the rounds beyond the fused allreduce of ``tensor``'s dtype in round one:
-    one per (op, dtype) of allreduced messages in a round (fused), one per allgather."""
-    def dtype(m: Message) -> str:
-        return backend(m.tensor).dtype_name(m.tensor)
-
-    calls = 0
-    for r in rounds:
-        calls += len({(m.op, dtype(m)) for m in r if m.op in ("average", "max")})
-        calls += sum(1 for m in r if m.op not in ("average", "max"))
-    own = backend(tensor).dtype_name(tensor)
-    shared = bool(rounds) and any(m.op == "average" and dtype(m) == own for m in rounds[0])
-    return calls - shared
+def collectives(rounds: Sequence[Sequence[Message]]) -> frozenset[tuple[int, str, str]]:
+    """The collectives an exchange's rounds launch, as ``(round, group, dtype)``: a round's messages
+    grouped as every communicator groups them (:func:`hvdsketch.collectives.grouping.group`: one fused
+    allreduce per op and dtype, one allgather per dtype)."""
+    return frozenset((i, *key) for i, messages in enumerate(rounds) for key in group(messages))
 
 
 def densities(tensor: Any, shape: Sequence[int], block: int) -> tuple[float, float]:

@@ -68,6 +68,29 @@ def test_margin_keeps_dense_when_savings_are_small():
     assert AutoPolicy("auto:margin=0").choose([dense, cheaper], link) == 1
 
 
+def test_a_small_tensor_rides_in_a_collective_the_step_launches_anyway():
+    """fastText's step: the embedding goes by allgather; the classifier's own dense allreduce would be
+    the step's only allreduce, so on a link where a collective costs 1 ms it joins the allgather (a
+    few more bytes, one collective fewer), and where collectives cost nothing it stays dense."""
+    from hvdsketch.policy.cost import Measurement, collectives, step_seconds
+    from hvdsketch.compress import Message
+
+    gather = collectives([[Message(np.zeros(3, np.int64), "allgather"), Message(np.zeros(3, np.float32), "allgather")]])
+    average = collectives([[Message(np.zeros(3, np.float32), "average")]])
+    assert gather == {(0, "gather", "int64"), (0, "gather", "float32")} and average == {(0, "average", "float32")}
+    embedding = [Measurement(0.0, 10_000_000, 0, average), Measurement(1e-4, 400_000, 2, gather)]
+    classifier = [Measurement(0.0, 12_000, 0, average), Measurement(1e-5, 36_000, 2, gather)]
+    policy, measured = AutoPolicy(), [embedding, classifier]
+    for latency, expected in ((1e-3, [1, 1]), (0.0, [1, 0])):
+        link = Link(latency, GBIT)
+        per_tensor = [policy.choose(ms, link) for ms in measured]
+        assert per_tensor == [1, 0]  # each alone: the classifier's allreduce priced as riding one anyway
+        shared = policy.share(measured, per_tensor, link)
+        assert shared == expected, latency
+        chosen = [ms[k] for ms, k in zip(measured, shared)]
+        assert step_seconds(chosen, link) <= step_seconds([ms[k] for ms, k in zip(measured, per_tensor)], link)
+
+
 def test_candidates_follow_shape_and_density():
     policy = AutoPolicy("auto:powersgd_rank=2,headroom=2")
     sparse = [str(c) for c in policy.candidates((30000, 256), "float32", 0.01, 0.04)]
