@@ -17,9 +17,11 @@ and on a fast link compressing may cost more time than it saves. So:
    and the sum of unit densities (a bound on the union support a sketch must
    hold), in the same order, so all ranks size the same candidates.
 4. **Candidates** per tensor, sized from those numbers with ``headroom``:
-   ``none``; ``fp16``; the exact sparse methods where some units are empty:
-   ``allgather`` (each rank's units, bytes growing with N) and ``union`` (the
-   union's units once, after a bitmap round); ``topk`` keeping the measured
+   ``none``; ``fp16``; the exact sparse methods: ``allgather`` (each rank's
+   units, bytes growing with N; on a dense tensor it can pay only by riding
+   in a collective the step launches anyway, step 6) and, where some units
+   are empty, ``union`` (the union's units once, after a bitmap round) and
+   ``balanced``; ``topk`` keeping the measured
    density (exact while the gradient stays that sparse; not for a row-sparse
    gradient, whose exact allgather never builds the dense tensor top-k's
    average does); ``sketch`` sized for the union bound at the
@@ -41,7 +43,9 @@ and on a fast link compressing may cost more time than it saves. So:
 6. **Decide on rank 0 and broadcast**: the cheapest candidate wins, but a
    compressor must beat the dense allreduce by ``margin`` (a fraction of its
    time), so on a fast link, where the model's terms are all small and noisy,
-   the dense path stays. Every rank then uses rank 0's choice.
+   the dense path stays. Then the step is priced whole (:meth:`AutoPolicy.share`):
+   a collective that only a few tensors launch goes where moving them costs
+   the step less than its latency. Every rank then uses rank 0's choice.
 7. Rank 0 prints the assignment table; with ``replan=K`` the steps are
    observed again and the decision remade every ``K`` steps.
 
@@ -206,8 +210,8 @@ class AutoPolicy(Policy):
         found = [self._none]
         if dtype in ("float32", "float64"):
             found.append(create("fp16"))
-        if not traced and union < 1:
-            found += [create("allgather"), create("union"), create("balanced")]
+        if not traced:  # on a dense tensor only sharing the step's collectives can make it pay (share)
+            found += [create("allgather")] + ([create("union"), create("balanced")] if union < 1 else [])
         ratio = _round_up(max(element * self.options.headroom, 1 / numel))
         if ratio < 1 and not (row_sparse and not traced):
             found.append(create(f"topk:ratio={ratio}"))

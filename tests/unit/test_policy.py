@@ -104,8 +104,8 @@ def test_candidates_follow_shape_and_density():
     assert "allgather" not in traced and "union" not in traced  # sized at run time: no graph holds them
     assert "powersgd:rank=2" in traced  # its Q held in a variable the graph updates
     dense = [str(c) for c in policy.candidates((1024, 256), "float32", 1.0, 1.0)]
-    assert dense == ["none", "fp16", "powersgd:rank=2"]
-    assert [str(c) for c in policy.candidates((1024,), "float16", 1.0, 1.0)] == ["none"]
+    assert dense == ["none", "fp16", "allgather", "powersgd:rank=2"]  # allgather: to share a collective
+    assert [str(c) for c in policy.candidates((1024,), "float16", 1.0, 1.0)] == ["none", "allgather"]
 
 
 # -- the cost model's terms ---------------------------------------------------------------------
