@@ -71,7 +71,7 @@ from hvdsketch.compress.union import Union
 from hvdsketch.ops import backend
 from hvdsketch.policy.base import Policy, announce
 from hvdsketch.policy.cost import (BLOCK, Link, Measurement, balanced_bytes, densities, measure, parse_bandwidth,
-                                   parse_latency, step_seconds, union_bytes, values_of)
+                                   parse_latency, shares, step_seconds, union_bytes, values_of)
 from hvdsketch.policy.probe import probe
 from hvdsketch.policy.table import Assignment
 
@@ -250,9 +250,11 @@ class AutoPolicy(Policy):
         choice = [int(x) for x in ops.to_numpy(gathered)[:len(choice)]]  # rank 0's
         self._window = {}
         self._decision = {ctx.name: cands[k] for ctx, cands, k in zip(contexts, options, choice)}
-        self._table = [Assignment(ctx.name, tuple(ctx.shape), float(e), str(cands[k]), ms[k].wire, ms[0].wire,
-                                  ms[k].seconds(link), ms[0].seconds(link))
-                       for ctx, e, cands, ms, k in zip(contexts, element, options, measured, choice)]
+        seconds = shares([ms[k] for ms, k in zip(measured, choice)], link)  # the step's, tensor by tensor
+        dense_seconds = shares([ms[0] for ms in measured], link)
+        self._table = [Assignment(ctx.name, tuple(ctx.shape), float(e), str(cands[k]), ms[k].wire, ms[0].wire, t, d)
+                       for ctx, e, cands, ms, k, t, d in zip(contexts, element, options, measured, choice, seconds,
+                                                              dense_seconds)]
         announce(self._table, f"hvdsketch auto: {side.size} ranks, link {link.bandwidth * 8 / 1e9:.3g} Gbit/s, "
                               f"latency {link.latency * 1e3:.3g} ms (decided after step {self._calls - 1})", side)
 

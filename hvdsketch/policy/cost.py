@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -160,8 +161,15 @@ class Measurement:
 def step_seconds(chosen: Sequence[Measurement], link: Link) -> float:
     """Seconds of one step whose tensors are exchanged as ``chosen``: every tensor's bytes and
     compute, and one latency for each collective of them all (tensors in one collective share it)."""
-    launched = frozenset().union(*(m.collectives for m in chosen))
-    return sum(m.wire / link.bandwidth + m.compute for m in chosen) + len(launched) * link.latency
+    return sum(shares(chosen, link))
+
+
+def shares(chosen: Sequence[Measurement], link: Link) -> list[float]:
+    """Each tensor's part of :func:`step_seconds`: its bytes and compute, and the latency of each of
+    its collectives split evenly among the tensors in it."""
+    users = Counter(key for m in chosen for key in m.collectives)
+    return [m.wire / link.bandwidth + m.compute + link.latency * sum(1 / users[key] for key in m.collectives)
+            for m in chosen]
 
 
 def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: int = 5,

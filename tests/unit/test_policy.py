@@ -357,3 +357,12 @@ def test_auto_replans_on_schedule(capsys):
     out = capsys.readouterr().out
     assert [line.split("decided after step ")[1] for line in out.splitlines() if "decided after" in line] == \
         ["0)", "3)", "6)"]
+
+
+def test_the_table_splits_each_collectives_latency_among_its_tensors():
+    from hvdsketch.policy.cost import Measurement, shares, step_seconds
+
+    link = Link(1e-3, 1e9)
+    a, b = Measurement(0.0, 0, 0, frozenset({(0, "gather", "int64")})), Measurement(0.0, 0, 0, frozenset({(0, "gather", "int64"), (1, "average", "float32")}))
+    assert shares([a, b], link) == pytest.approx([0.5e-3, 1.5e-3])
+    assert step_seconds([a, b], link) == pytest.approx(2e-3)
