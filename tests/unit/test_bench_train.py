@@ -585,3 +585,14 @@ def test_a_training_record_breaks_its_step_down(tmp_path, path, flag):
         assert record["bytes_sent_per_step"] == 0 and parts["wait"] < 1e-3 and parts["codec"] is None
     else:
         assert record["bytes_sent_per_step"] > 0 and parts["codec"] > 0 and parts["wait"] > 0
+
+
+def test_every_benchmark_says_which_allocator_settings_it_ran_with(monkeypatch):
+    from hvdsketch.lab.bench.report import allocator
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    assert allocator() == "glibc's defaults"
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "2000000000")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1000000000")
+    assert allocator() == "MALLOC_MMAP_THRESHOLD_=1000000000, MALLOC_TRIM_THRESHOLD_=2000000000"

@@ -45,6 +45,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hvdsketch.lab.bench.report import allocator
+
 FRAMEWORKS = {"numpy": ("numpy", "asarray"), "torch": ("torch", "from_numpy"),
               "tensorflow": ("tensorflow", "convert_to_tensor")}  # module, numpy -> tensor
 
@@ -264,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
           f"{' given as rows' if args.sparse else ''}, {args.framework} back-end on {args.device}, "
           f"median of {args.repeats}; one copy of the gradient into an existing buffer {1e3 * copy_s:.2f} ms "
           f"({2 * g.nbytes / copy_s / 1e9:.1f} GB/s read + written), into new memory (clone) "
-          f"{1e3 * clone_s:.2f} ms", flush=True)
+          f"{1e3 * clone_s:.2f} ms; allocator: {allocator()}", flush=True)
     for flag in flags:
         rows.append(bench(flag, g, tensor, args.repeats, args.warmup, copy_s, args.memory))
         print(f"#   {rows[-1].compressor} done", file=sys.stderr, flush=True)
@@ -273,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
         report = {"numel": args.numel, "shape": list(g.shape), "density": args.density, "sparse": args.sparse,
                   "memory": args.memory, "framework": args.framework, "device": args.device,
                   "repeats": args.repeats, "copy_ms": 1e3 * copy_s, "copy_gbps": 2 * g.nbytes / copy_s / 1e9,
-                  "clone_ms": 1e3 * clone_s, "rows": [asdict(r) for r in rows]}
+                  "clone_ms": 1e3 * clone_s, "allocator": allocator(), "rows": [asdict(r) for r in rows]}
         text = json.dumps(report, indent=2)
         if args.json == "-":
             print(text)

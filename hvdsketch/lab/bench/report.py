@@ -10,9 +10,18 @@ as the benchmarks draw the range of their repeats.
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 Series = dict[str, list[tuple[float, ...]]]  # (x, y) or (x, y, low, high)
+
+
+def allocator() -> str:
+    """glibc's allocator tunables this process runs with (``MALLOC_*``; README, "Host memory"), as
+    ``"NAME=value, ..."``, or ``"glibc's defaults"``: they change step times on the host, so every
+    benchmark says which it ran with."""
+    tunables = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("MALLOC_"))
+    return ", ".join(tunables) or "glibc's defaults"
 
 
 def _errors(ys: Sequence[float], bounds: Sequence[tuple[float, ...]]) -> list[list[float]] | None:

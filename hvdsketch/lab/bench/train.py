@@ -136,7 +136,7 @@ def machine() -> dict[str, Any]:
     mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                   if line.startswith("MemTotal"))
     return {"host": os.uname().nodename, "nproc": os.cpu_count(), "cpu": cpu,
-            "memory_gib": round(mem_kb / 2**20, 1), "kernel": os.uname().release}
+            "memory_gib": round(mem_kb / 2**20, 1), "kernel": os.uname().release, "allocator": report.allocator()}
 
 
 def run_job(job: Job, out: Path, timeout: float, matrix: Matrix) -> Result:
@@ -436,7 +436,8 @@ def markdown(results: list[Result], verdicts: list[Verdict], matrix: Matrix, met
     commands = meta.get("resumed", []) + [meta["command"]]
     parts = ["".join(f"Command: `{c}`  \n" for c in commands) +
              f"Machine: {m['cpu']}, {m['nproc']} CPUs, {m['memory_gib']} GiB, {m['host']}; "
-             f"1-minute load {meta['load'][0]:.1f} at start, {meta['load'][-1]:.1f} at end; {meta['started']}.  \n"
+             f"1-minute load {meta['load'][0]:.1f} at start, {meta['load'][-1]:.1f} at end; {meta['started']}; "
+             f"allocator: {m.get('allocator', '-')}.  \n"
              + SPREADS]
     for w in matrix.workloads:
         mine = [r for r in results if r.workload == w.name]
