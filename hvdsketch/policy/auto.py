@@ -287,30 +287,39 @@ class AutoPolicy(Policy):
     def share(self, measured: Sequence[Sequence[Measurement]], choice: Sequence[int], link: Link) -> list[int]:
         """``choice`` (an index into each tensor's ``measured``) with collectives shared where that makes
         the step cheaper (:func:`~hvdsketch.policy.cost.step_seconds`): for one collective of the step,
-        every tensor in it moves to its cheapest candidate outside it (the collectives the other tensors
-        launch cost it no latency), kept if the step's seconds fall by more than ``margin`` of the moved
-        tensors' dense seconds; again until no collective can go. So a small dense tensor whose own
-        allreduce would be the step's only one rides in the embedding's allgather instead (fastText)."""
+        every tensor in it moves to its cheapest candidate outside it (:meth:`_without`), kept if the
+        step's seconds fall by more than ``margin`` of the moved tensors' dense seconds; again until no
+        collective can go. So a small dense tensor whose own allreduce would be the step's only one
+        rides in the embedding's allgather instead (fastText)."""
         choice = list(choice)
         while True:
             chosen = [ms[k] for ms, k in zip(measured, choice)]
-            for key in sorted(frozenset().union(*(m.collectives for m in chosen))):
-                moved = [i for i, m in enumerate(chosen) if key in m.collectives]
-                free = frozenset().union(*(m.collectives for i, m in enumerate(chosen) if i not in moved))
-                trial = list(choice)
-                for i in moved:
-                    outside = [k for k, m in enumerate(measured[i]) if key not in m.collectives]
-                    if not outside:
-                        break
-                    trial[i] = min(outside, key=lambda k, ms=measured[i]: step_seconds([ms[k]], link)
-                                   - len(ms[k].collectives & free) * link.latency)
-                else:
-                    gain = step_seconds(chosen, link) - step_seconds([ms[k] for ms, k in zip(measured, trial)], link)
-                    if gain > self.options.margin * sum(measured[i][0].seconds(link) for i in moved):
-                        choice = trial
-                        break
-            else:
+            trials = (self._without(key, measured, choice, link)
+                      for key in sorted(frozenset().union(*(m.collectives for m in chosen))))
+            better = next((trial for trial, moved in filter(None, trials)
+                           if step_seconds(chosen, link) - step_seconds([ms[k] for ms, k in zip(measured, trial)], link)
+                           > self.options.margin * sum(measured[i][0].seconds(link) for i in moved)), None)
+            if better is None:
                 return choice
+            choice = better
+
+    @staticmethod
+    def _without(key: tuple[int, str, str], measured: Sequence[Sequence[Measurement]], choice: Sequence[int],
+                 link: Link) -> tuple[list[int], list[int]] | None:
+        """``choice`` with every tensor in the collective ``key`` moved to its cheapest candidate outside
+        it (the collectives the other tensors launch cost it no latency), and the moved tensors; ``None``
+        where one of them has no candidate outside it."""
+        chosen = [ms[k] for ms, k in zip(measured, choice)]
+        moved = [i for i, m in enumerate(chosen) if key in m.collectives]
+        free = frozenset().union(*(m.collectives for i, m in enumerate(chosen) if i not in moved))
+        trial = list(choice)
+        for i in moved:
+            outside = [k for k, m in enumerate(measured[i]) if key not in m.collectives]
+            if not outside:
+                return None
+            trial[i] = min(outside, key=lambda k, ms=measured[i]: step_seconds([ms[k]], link)
+                           - len(ms[k].collectives & free) * link.latency)
+        return trial, moved
 
     # -- checkpoints ------------------------------------------------------------------------------
 
