@@ -255,6 +255,26 @@ def test_a_spread_is_the_median_and_a_ratio_spans_the_extreme_ratios():
     assert Spread.median([None, None]) is None and Spread.mean([1.0, 2.0, 6.0]).center == 3.0
 
 
+def test_exchange_probe_batches_steps_pairs_ratios_by_step_and_judges_its_subject():
+    from hvdsketch.lab.bench.exchange import against_fastest, batched, ratio
+
+    steps = [10.0, 11.0, 12.0, 13.0, 30.0, 31.0, 32.0, 33.0, 20.0]  # the machine's mood drifts in runs of steps
+    spread = batched(steps, 3)  # batches of 3: medians 11, 30, 32
+    assert (spread.center, spread.low, spread.high, spread.n) == (30.0, 11.0, 32.0, 3)
+    slower = [1.02 * t for t in steps]  # 2% slower at every step, whatever the drift
+    paired = ratio(slower, steps, 3)
+    assert paired.center == pytest.approx(1.02) and paired.high - paired.low == pytest.approx(0, abs=1e-12)
+    assert slower[0] / max(steps) < 1 < max(slower) / steps[0]  # the extreme ratios of the times would straddle 1
+    times = {"auto": slower, "union": [2 * t for t in steps], "allgather": steps}
+    assert against_fastest(times, "auto", 0.05, 3)["fastest"] == "allgather"
+    assert against_fastest(times, "auto", 0.05, 3)["verdict"] == MET  # 1.02 at most 1.05 on the whole spread
+    assert against_fastest(times, "auto", 0.01, 3)["verdict"] == MISSED
+    noisy = {"auto": [t * r for t, r in zip(steps, [1.0, 1.0, 1.0, 1.1, 1.1, 1.1, 1.0, 1.0, 1.0])], "allgather": steps}
+    assert against_fastest(noisy, "auto", 0.05, 3)["verdict"] == UNDECIDED  # a batch at 1.1x, the others at 1x
+    with pytest.raises(SystemExit, match="--subject 'sketch'"):
+        against_fastest(times, "sketch", 0.05, 3)
+
+
 def test_verdict_rule_met_missed_or_undecided_by_the_spread_against_the_margin():
     # "A at least 5% faster than B": B's step time over A's at least 1.05
     assert judge(Spread(1.10, 1.06, 1.15, 3), 1.05, at_most=False) == MET  # even the worst ratio clears it

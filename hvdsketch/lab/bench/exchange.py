@@ -15,10 +15,20 @@ barrier and exchange that one tensor:
 - ``path: horovod`` with ``sparse_as_dense: false`` is Horovod's own sparse
   allreduce, an allgather of the gradient's indices and values.
 
-A step's time is the slowest rank's; the JSON has each entry's median over
-the steps after one warm-up step, bytes per step (this rank's counters,
-Horovod's ring model; their mean and maximum over the ranks) and the time
-against ``--baseline``. Beside them, the
+A step's time is the slowest rank's. The first ``--warmup`` steps are not
+timed nor counted: one warms every entry up, and ``auto`` decides after its
+first two (dense, its probe), so its figures are those of the compressor it
+chose. The timed steps are cut into ``--batches`` runs of consecutive steps
+(batch means: steps in a row share the machine's mood, batches less so); an
+entry's time is the median of its batches' medians with their range
+(:class:`~hvdsketch.lab.bench.spread.Spread`), and its time against
+``--baseline`` the same over the step-by-step ratios (each step's gradient
+exchanged by both). ``--subject`` names an entry to hold against the fastest
+of the others the same way, judged by the benchmark's rule
+(:func:`~hvdsketch.lab.bench.targets.judge`): at most ``--margin`` slower on
+the whole spread is met, on none of it MISSED, else undecided. The JSON
+keeps every step's time, bytes per step (this rank's counters, Horovod's ring
+model; their mean and maximum over the ranks). Beside them, the
 lower bound of any exact exchange of the step's gradient
 (:func:`hvdsketch.policy.cost.lower_bound`), from its real ``z`` (rows a rank
 touched, the mean over ranks) and ``u`` (their union), and each entry's bytes
@@ -34,9 +44,11 @@ import statistics
 import time
 from typing import Any, Callable
 
+import numpy as np
 import yaml
 
-WARMUP = 1
+from hvdsketch.lab.bench.spread import Spread
+from hvdsketch.lab.bench.targets import judge
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,8 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor", required=True, help="parameter name, e.g. embedding.weight")
     parser.add_argument("--entries", required=True,
                         help="YAML list of entries (label, compression, path, sparse_as_dense), as in bench configs")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps (after one warm-up step)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="steps first, neither timed nor counted (3: auto decides after its first two)")
+    parser.add_argument("--batches", type=int, default=5,
+                        help="the timed steps in this many batches of consecutive steps, for the spreads")
     parser.add_argument("--baseline", default="dense", help="label of the entry others are compared with")
+    parser.add_argument("--subject", help="label of an entry held against the fastest other one")
+    parser.add_argument("--margin", type=float, default=0.05,
+                        help="how much slower than the fastest other entry --subject may be (0.05: 5%%)")
     parser.add_argument("--json", help="write the results here (rank 0)")
 
 
@@ -124,13 +143,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     batches = workload.train_batches(0, hvd.rank(), hvd.size())
     bounds: list[tuple[float, float, float, int]] = []  # (values, index, z, u) per timed step
     row_bytes = param[0].numel() * param.element_size()
-    for step, batch in zip(range(WARMUP + args.steps), batches):
+    for step, batch in zip(range(args.warmup + args.steps), batches):
         model.zero_grad(set_to_none=True)
         workload.loss(model, batch).backward()
-        if step == WARMUP:
+        if step == args.warmup:
             for _, stats in runs.values():
                 stats.reset()
-        if step >= WARMUP:
+        if step >= args.warmup:
             touched, union = support(param.grad, hvd)
             bounds.append((*lower_bound(param.shape[0], row_bytes, touched, union, hvd.size()), touched, union))
         labels = list(runs)
@@ -140,23 +159,50 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             runs[label][0](step)
             seconds = time.perf_counter() - start
             slowest = hvd.allreduce(torch.tensor([seconds]), op=hvd.Max, name="probe.time").item()
-            if step >= WARMUP:
+            if step >= args.warmup:
                 times[label].append(slowest)
     steps = max(len(next(iter(times.values()))), 1)
-    base = statistics.median(times[args.baseline])
     values, index, touched, union = (statistics.mean(column) for column in zip(*bounds))
     sent = torch.tensor([runs[e.label][1].bytes_sent / steps for e in entries], dtype=torch.float64)
     mean = hvd.allreduce(sent, op=hvd.Average, name="probe.bytes.mean").tolist()
     most = hvd.allreduce(sent, op=hvd.Max, name="probe.bytes.max").tolist()
-    rows = [{"label": e.label, "exchange_s": statistics.median(times[e.label]),
-             "vs_baseline": statistics.median(times[e.label]) / base,
-             "bytes_sent_per_step": runs[e.label][1].bytes_sent / steps,
-             "mean_bytes_sent_per_step": mean[i], "max_bytes_sent_per_step": most[i],
-             "vs_bound": mean[i] / (values + index) if values + index else None}
-            for i, e in enumerate(entries)]
-    return {"workload": str(workload), "tensor": args.tensor, "shape": list(param.shape), "size": hvd.size(),
-            "steps": steps, "baseline": args.baseline, "rows": rows,
-            "bound": {"values_bytes": values, "index_bytes": index, "z": touched, "u": union}}
+    rows = []
+    for i, e in enumerate(entries):
+        seconds = batched(times[e.label], args.batches)
+        against = ratio(times[e.label], times[args.baseline], args.batches)
+        rows.append({"label": e.label, "exchange_s": seconds.center, "exchange_range_s": [seconds.low, seconds.high],
+                     "vs_baseline": against.center, "vs_baseline_range": [against.low, against.high],
+                     "bytes_sent_per_step": runs[e.label][1].bytes_sent / steps,
+                     "mean_bytes_sent_per_step": mean[i], "max_bytes_sent_per_step": most[i],
+                     "vs_bound": mean[i] / (values + index) if values + index else None, "times_s": times[e.label]})
+    result = {"workload": str(workload), "tensor": args.tensor, "shape": list(param.shape), "size": hvd.size(),
+              "steps": steps, "warmup": args.warmup, "batches": args.batches, "baseline": args.baseline,
+              "rows": rows, "bound": {"values_bytes": values, "index_bytes": index, "z": touched, "u": union}}
+    if args.subject:
+        result["subject"] = against_fastest(times, args.subject, args.margin, args.batches)
+    return result
+
+
+def batched(values: list[float], batches: int) -> Spread:
+    """The median of ``values``' medians in ``batches`` runs of consecutive values, with their range."""
+    return Spread.median(statistics.median(part) for part in np.array_split(np.asarray(values), batches)
+                         if len(part))
+
+
+def ratio(times: list[float], base: list[float], batches: int) -> Spread:
+    """``times`` against ``base`` step by step, batched as :func:`batched` does."""
+    return batched([t / b for t, b in zip(times, base)], batches)
+
+
+def against_fastest(times: dict[str, list[float]], subject: str, margin: float, batches: int) -> dict[str, Any]:
+    """``subject``'s time against the entry of the others with the least median time, step by step,
+    and the verdict on ``at most 1 + margin`` times it."""
+    if subject not in times or len(times) < 2:
+        raise SystemExit(f"hvdsketch bench exchange: --subject {subject!r} needs that entry and another one")
+    fastest = min((label for label in times if label != subject), key=lambda label: statistics.median(times[label]))
+    spread = ratio(times[subject], times[fastest], batches)
+    return {"label": subject, "fastest": fastest, "ratio": spread.center, "range": [spread.low, spread.high],
+            "margin": margin, "verdict": judge(spread, 1 + margin, at_most=True)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,16 +211,24 @@ def run(args: argparse.Namespace) -> int:
     result = measure(args)
     if hvd.rank() == 0:
         print(f"hvdsketch bench exchange: {result['tensor']} {tuple(result['shape'])}, {result['size']} ranks, "
-              f"median of {result['steps']} steps")
+              f"{result['steps']} steps after {result['warmup']} untimed, the median of {result['batches']} batches' "
+              f"medians (their range)")
         bound = result["bound"]
         total = bound["values_bytes"] + bound["index_bytes"]
         for r in result["rows"]:
-            print(f"  {r['label']:<20} {1e3 * r['exchange_s']:9.1f} ms  {r['vs_baseline']:6.2f}x {args.baseline}  "
+            ms = Spread(r["exchange_s"], *r["exchange_range_s"]).text(4, scale=1e3)
+            vs = Spread(r["vs_baseline"], *r["vs_baseline_range"]).text(3)
+            print(f"  {r['label']:<20} {ms:>22} ms  {vs:>20}x {args.baseline}  "
                   f"{r['mean_bytes_sent_per_step'] / 1e6:9.3f} MB/step (mean; max {r['max_bytes_sent_per_step'] / 1e6:.3f})"
                   f"  {r['vs_bound'] or 0:6.2f}x bound", flush=True)
-        print(f"  {'bound':<20} {'':>12}  {'':>6}  {'':>{len(args.baseline) + 1}}  {total / 1e6:9.3f} MB/step  "
+        print(f"  {'bound':<20} {'':>22}     {'':>20}  {'':>{len(args.baseline)}}  {total / 1e6:9.3f} MB/step  "
               f"(values {bound['values_bytes'] / 1e6:.3f} + index {bound['index_bytes'] / 1e6:.4f}; "
               f"z {bound['z']:.0f}, u {bound['u']:.0f} rows)", flush=True)
+        subject = result.get("subject")
+        if subject:
+            spread = Spread(subject["ratio"], *subject["range"]).text(3)
+            print(f"  {subject['label']} against the fastest other entry ({subject['fastest']}): {spread}x; "
+                  f"at most {1 + subject['margin']:.2f}x: {subject['verdict']}", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
