@@ -11,8 +11,9 @@ A compressor's exchange of one tensor costs one rank, per step::
   Horovod's bitwise OR, which is one, sends ``(N-1) * b`` of the local payload;
   the MPI layer's bitwise OR is a ring allreduce (``ring_bor``). Messages whose
   size depends on the other ranks' supports (the ``union`` method's second
-  round) are priced from the agreed union bound (:func:`union_bytes`), not
-  from one rank's run.
+  round, ``balanced``'s rows) are priced from the union the caller gives
+  (:func:`union_bytes`, :func:`balanced_bytes`; ``auto`` ORs the ranks'
+  bitmaps once to learn it), not from one rank's run.
 - ``bandwidth``: bytes per second one rank moves while every rank moves data
   at once (probed with a timed allreduce, :mod:`hvdsketch.policy.probe`, so a
   link shared by all ranks is measured as it is shared).

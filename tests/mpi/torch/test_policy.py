@@ -50,6 +50,22 @@ def test_ranks_agree_although_their_statistics_differ(hvd, flag):
     assert comm.stats.bytes_sent == 0  # the policy's own collectives are not gradient bytes
 
 
+def test_auto_prices_union_and_balanced_from_the_ranks_union_not_its_bound(hvd):
+    """Ranks sharing rows: the union is what their bitmaps OR to, not the sum of their densities; rows
+    no rank shares: the sum itself; a tensor dense somewhere: its bound, no bitmap sent."""
+    from hvdsketch.collectives import side_channel
+    from hvdsketch.policy.auto import measured_union
+
+    size, rank = hvd.size(), hvd.rank()
+    contexts = [TensorContext(n, (1000, 4), 0, size) for n in ("shared", "disjoint", "dense")]
+    shared = RowSparse(torch.arange(0, 100, 2), torch.ones(50, 4), (1000, 4))  # the same 50 rows on every rank
+    disjoint = RowSparse(torch.arange(10) + 10 * rank, torch.ones(10, 4), (1000, 4))
+    bound = [size * 0.05, size * 0.01, 1.5]
+    union = measured_union(side_channel(HorovodCommunicator(hvd)), [shared, disjoint, torch.ones(1000, 4)],
+                           contexts, bound)
+    assert union == pytest.approx([0.05, size * 0.01, 1.5])
+
+
 class Scripted(Policy):
     """The reference: dense for ``warmup`` steps, then fixed compressors by name, each its own instance."""
 
