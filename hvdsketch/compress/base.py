@@ -92,6 +92,9 @@ class TensorContext:
     #: ``None`` for a method without state). A flight gives a stateful method its initial record
     #: where the caller gives none.
     state: Any = None
+    #: Whether the gradient comes as rows (:class:`~hvdsketch.compress.support.RowSparse`) to an
+    #: exchange outside a trace, so a row-sparse method can take it as it is.
+    row_sparse: bool = False
 
 
 class Compressor(ABC):

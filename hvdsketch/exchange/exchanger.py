@@ -186,7 +186,7 @@ class Exchanger:
             tensor = _with_values(tensor, ops.cast(values, CARRIED_AS[dtype]))
         shape = tensor.dense_shape if isinstance(tensor, RowSparse) else ops.shape(tensor)
         ctx = TensorContext(name, tuple(shape), 0 if traced else self.step, self.communicator.size,
-                            self.communicator.rank, out)
+                            self.communicator.rank, out, row_sparse=isinstance(tensor, RowSparse) and not traced)
         compressor = self._dense if is_passthrough(tensor) else self.policy.compressor(ctx)
         memory = self._memory_for(compressor)
         if isinstance(tensor, RowSparse) and (self.sparse_as_dense or not compressor.row_sparse or (

@@ -8,7 +8,9 @@ and on a fast link compressing may cost more time than it saves. So:
 1. **Probe** (first step): the link's latency and bandwidth, by timed
    allreduces (:mod:`hvdsketch.policy.probe`), unless ``bandwidth=`` and
    ``latency=`` are given.
-2. **Warm up** (``warmup`` steps, exchanged dense): each rank measures each
+2. **Warm up** (``warmup`` steps, exchanged dense; a row-sparse gradient by
+   ``allgather``, exact without densifying it: fastText's 41 MB embedding
+   took 0.4 s a step dense at 1 Gbit/s): each rank measures each
    gradient's element density (non-zero coordinates) and unit density
    (non-zero rows or blocks, :func:`~hvdsketch.policy.cost.densities`), the
    maximum over the steps.
@@ -141,6 +143,7 @@ class AutoPolicy(Policy):
         self._decision: dict[str, Compressor] = {}
         self._table: list[Assignment] | None = None
         self._none = create("none")
+        self._rows = create("allgather")  # a row-sparse gradient's exchange until the decision
 
     def __str__(self) -> str:
         return str(self.options)
@@ -159,7 +162,7 @@ class AutoPolicy(Policy):
         return self._link
 
     def compressor(self, ctx: TensorContext) -> Compressor:
-        return self._decision.get(ctx.name) or self._none
+        return self._decision.get(ctx.name) or (self._rows if ctx.row_sparse else self._none)
 
     @property
     def wants_inputs(self) -> bool:
@@ -326,7 +329,7 @@ class AutoPolicy(Policy):
     # -- checkpoints ------------------------------------------------------------------------------
 
     def compressors(self) -> dict[str, Compressor]:
-        return {str(c): c for c in [self._none, *self._decision.values()]}
+        return {str(c): c for c in [self._none, self._rows, *self._decision.values()]}
 
     def state_dict(self) -> dict[str, Any]:
         return {"calls": self._calls, "plan_at": self._plan_at,

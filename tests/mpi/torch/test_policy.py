@@ -67,14 +67,17 @@ def test_auto_prices_union_and_balanced_from_the_ranks_union_not_its_bound(hvd):
 
 
 class Scripted(Policy):
-    """The reference: dense for ``warmup`` steps, then fixed compressors by name, each its own instance."""
+    """The reference: for ``warmup`` steps dense (a row-sparse gradient by allgather, as auto warms
+    up), then fixed compressors by name, each its own instance."""
 
     def __init__(self, warmup: int, flags: dict[str, str]) -> None:
         self.warmup, self.steps = warmup, 0
         self.scripted = {name: create(flag) for name, flag in flags.items()}
 
     def compressor(self, ctx):
-        return create("none") if self.steps < self.warmup else self.scripted[ctx.name]
+        if self.steps < self.warmup:
+            return create("allgather" if ctx.row_sparse else "none")
+        return self.scripted[ctx.name]
 
     def end_step(self, inputs, communicator, traced=False):
         self.steps += 1
