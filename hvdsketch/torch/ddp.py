@@ -25,7 +25,12 @@ Buckets and steps. DDP calls the hook once per bucket, in the same order on ever
 rank; a step's last bucket is the one ``bucket.is_last()`` says, or the one that
 completes the parameters DDP reduces (in ``static_graph``'s first step DDP's
 buckets all say index 0 and not last). A bucket's exchanges start when it is ready, fused per (op, dtype) as DDP
-fuses a bucket, so they travel while backward goes on; the step ends at the last
+fuses a bucket, so they travel while backward goes on. DDP calls the hooks in
+bucket order, so a bucket holding a parameter that comes before every later
+bucket's in the model (backward reaches it last: a sparse embedding's bucket of
+its own, which DDP puts first) is followed at once by all of them; such a bucket
+waits for the next, and they go out together (one collective where each bucket
+took one, each a network latency or more). The step ends at the last
 bucket (``bucket.is_last()``), where the exchanger finishes every exchange (later
 rounds of two-round methods, PowerSGD's Q, the union's values, start there) and
 every bucket's future is completed. DDP waits for the futures only after the
@@ -134,6 +139,7 @@ class ExchangeState:
         if not isinstance(sparse_as_dense, bool):
             raise TypeError(f"hvdsketch: sparse_as_dense must be True or False, got {sparse_as_dense!r}")
         self._names = {p: name for name, p in named}
+        self._place = {name: i for i, (name, _) in enumerate(named)}  # each parameter's place in the model
         #: What DDP reduces every step: every bucket's parameter names (until a step shows them).
         self._reduced = {name for name, p in named if p.requires_grad and name not in ignored}
         policy = create_policy(compression)
@@ -143,6 +149,8 @@ class ExchangeState:
         self._buckets: list[_Bucket] = []  # this step's, until its last bucket
         self._given: set[str] = set()  # the names of this step's buckets so far
         self._layout: list[tuple[str, ...]] = []  # the last step's buckets, by names
+        self._joined: list[bool] = []  # by the layout's buckets: whether it waits for the next (see _joins)
+        self._ready: list[tuple[tuple[str, ...], Mapping[str, torch.Tensor]]] = []  # buckets waiting to start
         self._resumed: list[tuple[str, ...]] = []  # the buckets of the step a checkpoint was saved after
         self._streaming = False  # this step's buckets start as they come
         self._bytes_dense = 0
@@ -164,7 +172,10 @@ class ExchangeState:
                 if self._streaming:
                     self._begin(self._layout)
             if self._streaming:
-                self._start(names, dict(zip(names, gradients)))
+                self._ready.append((names, dict(zip(names, gradients))))
+                k = len(self._buckets) - 1
+                if not (k < len(self._joined) and self._joined[k]):
+                    self._start()
             if bucket.is_last() or self._reduced <= self._given:
                 self._end_step()
         except BaseException as error:
@@ -184,13 +195,24 @@ class ExchangeState:
         checkpoint.begin(self.exchanger, self._described, torch_ops)
         self.exchanger.expect([name for names in layout for name in names])
 
-    def _start(self, names: tuple[str, ...], gradients: Mapping[str, torch.Tensor]) -> None:
-        """Start one bucket's exchanges; their first rounds go out together, as DDP's bucket does. A
-        dense gradient's average is written into its place in the bucket's buffer."""
+    def _start(self) -> None:
+        """Start the exchanges of the buckets ready; their first rounds go out together, as DDP's
+        bucket does. A dense gradient's average is written into its place in the bucket's buffer."""
+        ready, self._ready = self._ready, []
         with self.communicator.fusing():
-            for name in names:
-                gradient = gradients[name]
-                self.exchanger.start(name, _as_hvdsketch(gradient), out=None if gradient.is_sparse else gradient)
+            for names, gradients in ready:
+                for name in names:
+                    gradient = gradients[name]
+                    self.exchanger.start(name, _as_hvdsketch(gradient), out=None if gradient.is_sparse else gradient)
+
+    def _joins(self, layout: list[tuple[str, ...]]) -> list[bool]:
+        """For each bucket of ``layout``, whether it waits for the next: whether DDP calls the next
+        bucket's hook at once after its own. DDP calls hooks in bucket order, each when its bucket
+        and every earlier one are ready; backward reaches a model's parameters last to first, so
+        the next bucket is ready by then where its first parameter does not come before the first
+        of every bucket so far. Decided from the layout alone, so alike on every rank."""
+        first = [min(self._place[name] for name in names) for names in layout]
+        return [first[k + 1] >= min(first[:k + 1]) for k in range(len(layout) - 1)] + [False]
 
     def _end_step(self) -> None:
         """The last bucket: start what waited, finish every exchange, complete every future.
@@ -202,15 +224,18 @@ class ExchangeState:
         self._given.clear()
         layout = [bucket.names for bucket in buckets]
         resumed, self._resumed = self._resumed, []
-        if not self._streaming:
+        if self._streaming:
+            self._start()
+        else:
             same = sorted(n for names in resumed for n in names) == sorted(n for names in layout for n in names)
             order = resumed if same else layout
             self._begin(order)
             gradients = {name: g for bucket in buckets for name, g in zip(bucket.names, bucket.gradients)}
             for names in order:
-                self._start(names, gradients)
+                self._ready.append((names, gradients))
+                self._start()
         averaged = self.exchanger.finish()
-        self._layout = layout
+        self._layout, self._joined = layout, self._joins(layout)
         self._reduced = {name for names in layout for name in names}
         for bucket in buckets:
             if bucket.buffer.is_sparse:
@@ -231,6 +256,7 @@ class ExchangeState:
         """A step broken off: every bucket's future fails with ``error``, no exchange goes on."""
         buckets, self._buckets = self._buckets, []
         self._given.clear()
+        self._ready.clear()
         for bucket in buckets:
             if not bucket.future.done():
                 bucket.future.set_exception(error)

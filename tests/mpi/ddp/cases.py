@@ -71,3 +71,18 @@ def assert_replicas_agree(module: torch.nn.Module) -> None:
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     assert all(torch.equal(every[0], theirs) for theirs in every)
+
+
+def counting(monkeypatch) -> dict[str, int]:
+    """The calls of the real all_gather and all_reduce from here on, counted."""
+    calls = {"all_gather": 0, "all_reduce": 0}
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    for name in calls:
+        monkeypatch.setattr(dist, name, counted(name, getattr(dist, name)))
+    return calls

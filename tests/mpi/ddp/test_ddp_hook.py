@@ -7,7 +7,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from hvdsketch.collectives.stats import ring_allreduce_bytes
-from tests.mpi.ddp.cases import batches, ddp, flat, loss, model, sgd, train, trained
+from hvdsketch.torch.ddp import ExchangeState, exchange_hook
+from tests.mpi.ddp.cases import batches, counting, ddp, flat, loss, model, sgd, train, trained
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
@@ -18,6 +19,22 @@ def test_none_is_ddps_allreduce_bit_for_bit(sparse):
     assert torch.equal(ours, reference)
     report = state.report()
     assert report["steps"] == 5 and report["collectives"]["allreduce.average"]["bytes_sent"] == report["bytes_dense_allreduce"]
+
+
+def test_buckets_ddp_calls_back_to_back_go_out_in_one_collective(monkeypatch):
+    """With DDP's default buckets the sparse embedding's bucket comes first but backward reaches it
+    last, so DDP calls the dense bucket's hook at once after it: they go out together, one all_gather
+    a step (its rows, and at 2 ranks the dense layers' small sums; beyond, those in one all_reduce)
+    where each bucket took its own. The same batch every step, so no rank's rows outgrow their bound."""
+    module = model(sparse=True)
+    wrapped = torch.nn.parallel.DistributedDataParallel(module)
+    state = ExchangeState(wrapped, compression="allgather")
+    wrapped.register_comm_hook(state, exchange_hook)
+    optimizer, batch = sgd(module), batches(1)[0]
+    train(wrapped, optimizer, [batch] * 3)  # the first step, DDP's rebuilt buckets, the bounds learnt
+    calls = counting(monkeypatch)
+    train(wrapped, optimizer, [batch] * 2)
+    assert calls == {"all_gather": 2, "all_reduce": 0 if dist.get_world_size() == 2 else 2}
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])

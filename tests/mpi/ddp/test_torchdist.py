@@ -6,8 +6,9 @@ import torch.distributed as dist
 
 from hvdsketch.collectives import reduce
 from hvdsketch.collectives.stats import alltoall_bytes, ring_allreduce_bytes
-from hvdsketch.collectives.torchdist import GATHERED_BELOW, HEADROOM, TorchDistCommunicator
+from hvdsketch.collectives.torchdist import GATHERED_BELOW, TorchDistCommunicator
 from hvdsketch.compress.base import Message
+from tests.mpi.ddp.cases import counting
 
 
 @pytest.fixture
@@ -47,21 +48,6 @@ def test_allgathers_of_rows_differing_by_rank(comm):
     assert comm.stats.snapshot()["allgather"]["bytes_received"] == 12 * sum(r + 1 for r in range(size)) - mine
 
 
-def counting(monkeypatch) -> dict[str, int]:
-    """The calls of the real all_gather and all_reduce from here on, counted."""
-    calls = {"all_gather": 0, "all_reduce": 0}
-
-    def counted(name, real):
-        def call(*args, **kwargs):
-            calls[name] += 1
-            return real(*args, **kwargs)
-        return call
-
-    for name in calls:
-        monkeypatch.setattr(dist, name, counted(name, getattr(dist, name)))
-    return calls
-
-
 def test_gathers_of_every_dtype_travel_in_one_allgather_their_counts_with_the_integers(comm, monkeypatch):
     """A round of a step tag (``max``, int64), an int32 ``sum``, allgathers of rows differing by rank in
     three dtypes (one empty on rank 0) and a bitmap of odd length: two all_gathers in all (the counts
@@ -94,12 +80,13 @@ def sparse_rows(rank: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_rows_differing_by_rank_go_padded_to_the_bound_their_last_launch_set(comm, monkeypatch):
     """A row-sparse gradient's allgather under one name, step after step: its first launch sends the
-    row counts first (two all_gathers); the next ones go in one, padded to HEADROOM over the last
-    launch's largest count; a rank whose rows outgrow that bound sends the rest in one more. The
-    step tag rides along; every result exact."""
+    row counts first (two all_gathers); the next ones go in one, padded to the most rows a rank sent
+    in its last launches; a rank whose rows outgrow that bound sends the rest in one more, and an empty
+    launch does not lower it. The step tag rides along; every result exact."""
     rank, size = comm.rank, comm.size
     calls = counting(monkeypatch)
-    steps = [[r + 1 for r in range(size)], [r + 1 for r in range(size)], [1] * (size - 1) + [4 * size], [0] * size]
+    steps = [[r + 1 for r in range(size)], [r + 1 for r in range(size)], [1] * (size - 1) + [4 * size], [0] * size,
+             [2 * size] * size]
     gathers = []
     for counts in steps:
         before = calls["all_gather"]
@@ -110,8 +97,7 @@ def test_rows_differing_by_rank_go_padded_to_the_bound_their_last_launch_set(com
         assert torch.equal(got_indices, torch.cat([sparse_rows(r, n)[0] for r, n in enumerate(counts)]))
         assert torch.equal(got_rows, torch.cat([sparse_rows(r, n)[1] for r, n in enumerate(counts)]))
         gathers.append(calls["all_gather"] - before)
-    assert 4 * size > HEADROOM * size  # the third step outgrows the second's bound
-    assert gathers == [2, 1, 2, 1] and calls["all_reduce"] == 0
+    assert gathers == [2, 1, 2, 1, 1] and calls["all_reduce"] == 0
     assert comm.stats.snapshot()["allgather"]["bytes_sent"] == sum(
         (4 + 12) * counts[rank] * (size - 1) for counts in steps)  # counted as sent, not as padded
 
