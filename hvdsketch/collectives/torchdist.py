@@ -17,7 +17,8 @@ over gloo polls too, yielding the core: :meth:`TorchDistCommunicator.wait`):
   gradient's indices and values), the first launch of a message sends its counts
   first, waited for at once, with the launch's integer allreduces (below); from
   then on the message has a *bound*, the most rows any rank sent in its last
-  :data:`BOUND_LAUNCHES` launches, and its rows go padded to it, the counts and the launch's small reductions in the same one
+  :data:`BOUND_LAUNCHES` launches, and its rows go padded to it, the counts and
+  the launch's small reductions in the same one
   ``all_gather``. Rows past a bound (a rank whose rows grew) follow in one more ``all_gather`` when the launch is settled: at its
   results, or before the next launch, whichever comes first, so on every rank
   right after their launch. A ``bor`` is folded from the gathered bitmaps, as
@@ -114,7 +115,7 @@ class _Launch:
         groups = group(messages)
         gathers = [i for (op, _), picked in groups.items() if op == "gather" for i in picked]
         varying = [i for i in gathers if messages[i].op == "allgather"]
-        bounds = {i: communicator.bounds.get(names[i]) for i in varying}
+        bounds = {i: communicator.bound(names[i]) for i in varying}
         bounded = bool(varying) and None not in bounds.values()
         by_gather = [key for key, picked in groups.items() if KINDS[messages[picked[0]].op] == "allreduce"
                      and self._by_gather([messages[i].tensor for i in picked], bool(varying) and not bounded)]
@@ -337,9 +338,8 @@ class TorchDistCommunicator:
         self.group = group
         self.stats = CommStats()
         self.held = _Held()
-        #: Rows an allgather goes padded to, by message (its start's name and place; see :meth:`learn`).
-        self.bounds: dict[str, int] = {}
-        self._seen: dict[str, collections.deque[int]] = {}  # by message: the most rows of its last launches
+        #: By message (its start's name and place): the most rows a rank sent in each of its last launches.
+        self._seen: dict[str, collections.deque[int]] = {}
         backend = dist.get_backend(group)
         #: Whether :meth:`wait` polls (gloo, whose collectives complete on its own threads).
         self.polling = backend == "gloo"
@@ -405,9 +405,12 @@ class TorchDistCommunicator:
         most rows any rank sent in the last :data:`BOUND_LAUNCHES` launches (top-k's ``k``, where
         every rank sends ``k``)."""
         for name, ns in counts.items():
-            seen = self._seen.setdefault(name, collections.deque(maxlen=BOUND_LAUNCHES))
-            seen.append(max(ns))
-            self.bounds[name] = max(seen)
+            self._seen.setdefault(name, collections.deque(maxlen=BOUND_LAUNCHES)).append(max(ns))
+
+    def bound(self, name: str) -> int | None:
+        """The rows the allgather ``name`` goes padded to (see :meth:`learn`); ``None`` before its first launch."""
+        seen = self._seen.get(name)
+        return max(seen) if seen else None
 
     def counted(self, messages: Sequence[Message], raw: Sequence[Any]) -> list[Any]:
         """One start call's results from its raw ones, its bytes counted as Horovod's communicator

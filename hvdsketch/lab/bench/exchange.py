@@ -199,7 +199,8 @@ def against_fastest(times: dict[str, list[float]], subject: str, margin: float, 
     and the verdict on ``at most 1 + margin`` times it."""
     if subject not in times or len(times) < 2:
         raise SystemExit(f"hvdsketch bench exchange: --subject {subject!r} needs that entry and another one")
-    fastest = min((label for label in times if label != subject), key=lambda label: statistics.median(times[label]))
+    others = [label for label in times if label != subject]
+    fastest = min(others, key=lambda label: batched(times[label], batches).center)
     spread = ratio(times[subject], times[fastest], batches)
     return {"label": subject, "fastest": fastest, "ratio": spread.center, "range": [spread.low, spread.high],
             "margin": margin, "verdict": judge(spread, 1 + margin, at_most=True)}
