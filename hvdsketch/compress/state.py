@@ -146,6 +146,10 @@ class StateTable:
         else:
             self._entries[name] = _Entry(compressor, record)
 
+    def forget(self, name: str) -> None:
+        """Drop tensor ``name``'s record: its compressor starts again from its initial state."""
+        self._entries.pop(name, None)
+
     def clear(self) -> None:
         self._entries.clear()
 

@@ -15,7 +15,11 @@ flight, runs the last rounds, and checks in one host sync that every result is
 finite: one rank's NaN or Inf reaches every rank's reduction, so every rank
 raises alike and none is left waiting; each rank's message says whether its own
 gradient was finite, so a finite gradient that overflowed a 16-bit wire dtype is
-named as overflow. Then, at the step boundary, the policy may look at the step's
+named as overflow. Training with a loss scaler (PyTorch's ``GradScaler``), whose
+overflowing steps are expected and skipped, makes the exchanger with
+``error_if_nonfinite=False``: a result that is not finite is then handed back as it
+is, for the scaler to see and skip, and its tensor's residual and compressor state
+start again, as at the first step, so no NaN outlives the skipped step. Then, at the step boundary, the policy may look at the step's
 gradients and decide for the next steps (``auto``).
 
 A wait that lasts ``HVDSKETCH_STALL_SECONDS`` (default: Horovod's
@@ -57,6 +61,7 @@ import contextlib
 import functools
 import os
 import time
+import warnings
 from typing import Any, Callable, ContextManager, Literal, Mapping, Sequence
 
 from hvdsketch.collectives import Communicator
@@ -75,6 +80,10 @@ from hvdsketch.ops import backend
 Reduction = Literal["average", "sum"]
 
 
+class NonfiniteStep(UserWarning):
+    """A step whose average was NaN or Inf, handed back (``error_if_nonfinite=False``)."""
+
+
 class Exchanger:
     """Averages many tensors per step across the ranks of ``communicator``.
 
@@ -89,16 +98,21 @@ class Exchanger:
         prefix: the start of every collective's name (two exchangers in one process need two).
         placement: ``placement(name)`` is the context in which tensor ``name``'s exchange work
             runs (the TensorFlow tape's ``device_dense`` / ``device_sparse``); none by default.
+        error_if_nonfinite: raise ``FloatingPointError`` on every rank when a result is NaN or Inf
+            (the default); ``False`` hands it back and restarts its tensor's state (eager steps).
     """
 
     def __init__(self, policy: Any, communicator: Communicator, memory: Memory | None = None,
                  op: Reduction = "average", sparse_as_dense: bool = False, prefix: str = "hvdsketch",
-                 placement: Callable[[str], ContextManager] | None = None) -> None:
+                 placement: Callable[[str], ContextManager] | None = None, error_if_nonfinite: bool = True) -> None:
         if op not in ("average", "sum"):
             raise ValueError(f"hvdsketch: op must be average or sum, got {op!r}")
+        if not isinstance(error_if_nonfinite, bool):
+            raise TypeError(f"hvdsketch: error_if_nonfinite must be True or False, got {error_if_nonfinite!r}")
         self.policy, self.communicator, self.memory = policy, communicator, memory
         self.op, self.sparse_as_dense, self.prefix = op, sparse_as_dense, prefix
         self.placement = placement or (lambda name: contextlib.nullcontext())
+        self.error_if_nonfinite = error_if_nonfinite
         self.step = 0
         #: The number of ranks this rank's state was made with (set when the ranks agree,
         #: :mod:`~hvdsketch.exchange.checkpoint`), ``None`` before.
@@ -137,7 +151,7 @@ class Exchanger:
         of a step); the digest is part of every step's check from here on."""
         self.order = {t.name: i for i, t in enumerate(tensors)}
         setup = {"compression": str(self.policy), "memory": str(self.memory), "op": self.op,
-                 "sparse_as_dense": str(self.sparse_as_dense)}
+                 "sparse_as_dense": str(self.sparse_as_dense), "error_if_nonfinite": str(self.error_if_nonfinite)}
         self.protocol.setup = agreement.verify(self.communicator, {**setup, **agreement.tensors(tensors)}, ops)
         self.verified = True
 
@@ -290,17 +304,43 @@ class Exchanger:
             return {name: _with_values(r, ops.check_finite(values_of(r), self._nonfinite(name, None)))
                     if name in floating else r for name, r in results.items()}
         flags = [ops.all_finite_flag(r) for r in floating.values()]
+        if not self.error_if_nonfinite:
+            self._restart(results, floating, flags, ops)
+            return results
         if ops.all_true(flags):
             return results
-        bad = [name for name, flag in zip(floating, flags) if not ops.all_true([flag])]
+        bad = _failing(floating, flags, ops)
         given = self._given.get(bad[0])
         finite_here = None if given is None else ops.all_true([given()])
         raise FloatingPointError(self._nonfinite(bad[0], finite_here)
                                  + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
 
+    def _restart(self, results: Mapping[str, Any], floating: Mapping[str, Any], flags: list[Any], ops: Any) -> None:
+        """``error_if_nonfinite=False``: a tensor whose average is not finite (alike on every rank)
+        starts its compressor state and residual again; one whose input was not finite on this rank
+        though its average is (a lossy method left the value out), its residual."""
+        averaged = set() if ops.all_true(flags) else set(_failing(floating, flags, ops))
+        given = [self._given[name]() for name in floating]
+        inputs = set() if ops.all_true(given) else set(_failing(floating, given, ops))
+        for name in averaged:
+            self.states.forget(name)
+        for name in averaged | inputs:
+            result = results[name]
+            shape = result.dense_shape if isinstance(result, RowSparse) else ops.shape(result)
+            for memory in (self.memory, self.own_memory):
+                if memory is not None:
+                    memory.forget(name, shape)
+        if averaged or inputs:
+            warnings.warn(f"hvdsketch: step {self.step} on rank {self.communicator.rank}: "
+                          f"{', '.join(map(repr, sorted(averaged | inputs)))} not finite; handed back as they are "
+                          f"(error_if_nonfinite=False: a loss scaler skips the step), their residuals and "
+                          f"compressor state start again", NonfiniteStep, stacklevel=3)
+
     def _nonfinite(self, name: str, finite_here: bool | None) -> str:
-        return nonfinite_message(repr(name), f"rank {self.communicator.rank}", finite_here,
-                                 *self._narrow.get(name, (None, None)))
+        return (nonfinite_message(repr(name), f"rank {self.communicator.rank}", finite_here,
+                                  *self._narrow.get(name, (None, None)))
+                + "; where a loss scaler skips such steps (PyTorch's GradScaler), make the optimizer or the "
+                  "DDP hook's state with error_if_nonfinite=False")
 
     # -- checkpoints ------------------------------------------------------------------------------
 
@@ -332,6 +372,11 @@ class Exchanger:
         for memory, key in ((self.memory, "memory"), (self.own_memory, "own_memory")):
             if memory is not None:
                 memory.load_state_dict(state.get(key) or memory.state_dict(residuals=False))
+
+
+def _failing(named: Mapping[str, Any], flags: Sequence[Any], ops: Any) -> list[str]:
+    """The names of ``named`` whose finite flag is false."""
+    return [name for name, flag in zip(named, flags) if not ops.all_true([flag])]
 
 
 def _constant(value: Any) -> Callable[[], Any]:

@@ -106,6 +106,14 @@ class Memory:
         self.seconds[store.name] += time.perf_counter() - start
         self._set(ops, slot, store, state)
 
+    def forget(self, name: str, shape: tuple[int, ...]) -> None:
+        """Drop ``name``'s residual (of a tensor of ``shape``): its next step starts from none, as
+        the first did (and so do the tensors that share its slot)."""
+        slot = self.store(name).slot(name, tuple(shape))
+        self._loaded.pop(slot, None)
+        self._state.pop(slot, None)
+        self._slot_store.pop(slot, None)
+
     def traceable(self) -> bool:
         """Whether every store keeps a residual in memory of one shape on the device, which a graph
         being traced holds (:mod:`hvdsketch.compress.state`) and reads and writes at each run."""

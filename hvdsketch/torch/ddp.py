@@ -53,7 +53,10 @@ accumulate locally, and the next synchronized backward exchanges the sum),
 gets it row-sparse (``sketch``, ``allgather``, ``union`` and ``balanced`` keep it
 sparse; others densify it), and it comes back as a sparse tensor. Several DDP
 models in one process each need a state of their own, and a process group of
-their own where their backward passes interleave.
+their own where their backward passes interleave. Mixed precision: ``autocast``
+as it is; with ``torch.amp.GradScaler``, whose overflowing steps are skipped,
+make the state with ``error_if_nonfinite=False`` (a NaN or Inf average is then
+handed back for the scaler to see, not raised).
 
 Tuning: ``compression="auto"`` picks per tensor from measured sizes and the link
 (``auto:bandwidth=1gbit,latency=50us`` declares it instead of probing); rules name
@@ -121,11 +124,14 @@ class ExchangeState:
         process_group: the ``torch.distributed`` group to average over (default: the default group).
         sparse_as_dense: densify sparse gradients before compressing (they come back sparse).
         prefix: the start of every collective's label (reports).
+        error_if_nonfinite: a NaN or Inf average raises ``FloatingPointError`` on every rank; with
+            ``False`` it is handed back for a loss scaler (``torch.amp.GradScaler``) to skip the step,
+            and its tensor's residual and compressor state start again (see :class:`hvdsketch.exchange.Exchanger`).
     """
 
     def __init__(self, model: "torch.nn.Module | Iterable[tuple[str, torch.Tensor]]",
                  compression: Any = None, memory: Any = None, process_group: Any = None,
-                 sparse_as_dense: bool = False, prefix: str = "hvdsketch.ddp") -> None:
+                 sparse_as_dense: bool = False, prefix: str = "hvdsketch.ddp", error_if_nonfinite: bool = True) -> None:
         from hvdsketch.memory import create as create_memory
         from hvdsketch.policy import create as create_policy
 
@@ -145,7 +151,7 @@ class ExchangeState:
         policy = create_policy(compression)
         self.communicator = TorchDistCommunicator(process_group)
         self.exchanger = Exchanger(policy, self.communicator, None if memory is None else create_memory(memory),
-                                   sparse_as_dense=sparse_as_dense, prefix=prefix)
+                                   sparse_as_dense=sparse_as_dense, prefix=prefix, error_if_nonfinite=error_if_nonfinite)
         self._buckets: list[_Bucket] = []  # this step's, until its last bucket
         self._given: set[str] = set()  # the names of this step's buckets so far
         self._layout: list[tuple[str, ...]] = []  # the last step's buckets, by names

@@ -391,7 +391,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          sparse_as_dense: bool = False,
                          process_set: Any = None,
                          memory: "str | Memory | None" = None,
-                         collectives: str = "horovod") -> torch.optim.Optimizer:
+                         collectives: str = "horovod",
+                         error_if_nonfinite: bool = True) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` first averages gradients across Horovod ranks.
 
     Args:
@@ -420,6 +421,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             ``"mpi"`` (hvdsketch's mpi4py layer, :mod:`hvdsketch.collectives.mpi`: a bitwise-OR ring
             constant in N, allgathers without padding; CPU tensors travel without copies, GPU
             tensors through host memory; every rank, no process set).
+        error_if_nonfinite: a NaN or Inf average raises ``FloatingPointError`` on every rank; with
+            ``False`` it is handed back, for a loss scaler to skip the step (Horovod's recipe with
+            ``torch.amp.GradScaler``: ``synchronize()``, ``scaler.unscale_(optimizer)``, then
+            ``scaler.step(optimizer)`` inside ``skip_synchronize()``), and its tensor's residual and
+            compressor state start again.
     """
     import horovod.torch as hvd
 
@@ -455,7 +461,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     by_param = {p: names.get(id(p), f"param.{i}") for i, p in enumerate(params)}
     communicator = _communicator(collectives, hvd, process_set, gradient_predivide_factor)
     exchanger = Exchanger(policy, communicator, None if memory is None else create_memory(memory),
-                          op="sum" if op == hvd.Sum else "average", sparse_as_dense=sparse_as_dense)
+                          op="sum" if op == hvd.Sum else "average", sparse_as_dense=sparse_as_dense,
+                          error_if_nonfinite=error_if_nonfinite)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     Distributed.register(cls)
     elastic.register(Distributed)

@@ -32,6 +32,15 @@ def test_ranks_running_other_compressions_fail_alike_at_the_first_bucket():
         loss(wrapped, batches(1)[0]).backward()
 
 
+def test_ranks_that_differ_in_error_if_nonfinite_fail_alike_at_the_first_bucket():
+    """One rank raising where another hands a NaN back would leave the other waiting a step later."""
+    module = model()
+    wrapped, _ = ddp(module)
+    wrapped.register_comm_hook(ExchangeState(wrapped, error_if_nonfinite=dist.get_rank() == 0), exchange_hook)
+    with pytest.raises((AgreementError, RuntimeError), match="error_if_nonfinite is True on rank 0 but False"):
+        loss(wrapped, batches(1)[0]).backward()
+
+
 def test_a_parameter_the_state_was_not_given_is_a_clear_error_on_every_rank():
     module = model()
     wrapped = ddp(module)[0]

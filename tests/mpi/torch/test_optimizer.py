@@ -222,3 +222,40 @@ def test_the_average_is_written_into_each_gradients_own_memory(hvd, compression)
                 torch.testing.assert_close(p.grad, hvd.allreduce(local[p]))
         with optimizer.skip_synchronize():
             optimizer.step()
+
+
+def scaled(hvd, wrap, **arguments) -> tuple[torch.Tensor, float]:
+    """Horovod's recipe with ``torch.amp.GradScaler`` (``synchronize``, ``unscale_``, ``step`` inside
+    ``skip_synchronize``), step 1 overflowing on rank 0 alone: the parameters and the scale."""
+    model = Net()
+    optimizer = wrap(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                     **arguments)
+    scaler = torch.amp.GradScaler("cpu")
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        tokens, labels = batch(hvd.rank(), step)
+        blown = float("inf") if step == 1 and hvd.rank() == 0 else 1.0
+        scaler.scale(torch.nn.functional.cross_entropy(model(tokens), labels) * blown).backward()
+        optimizer.synchronize()
+        scaler.unscale_(optimizer)
+        with optimizer.skip_synchronize():
+            scaler.step(optimizer)  # skipped where the averaged gradients are not finite
+        scaler.update()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), scaler.get_scale()
+
+
+@pytest.mark.timeout(120)
+def test_a_loss_scalers_overflowing_step_is_skipped_as_with_horovods_optimizer(hvd):
+    """``error_if_nonfinite=False`` hands the Inf average to the scaler, as Horovod does: the same
+    parameters and scale bit for bit; with a lossy method and error feedback the steps after it are
+    finite (its residuals started again), alike on every rank."""
+    reference, reference_scale = scaled(hvd, hvd.DistributedOptimizer)
+    with pytest.warns(UserWarning, match="not finite; handed back"):
+        params, scale = scaled(hvd, DistributedOptimizer, compression="none", error_if_nonfinite=False)
+    assert torch.equal(params, reference) and scale == reference_scale == 2.0 ** 15
+    with pytest.warns(UserWarning, match="not finite; handed back"):
+        params, scale = scaled(hvd, DistributedOptimizer, compression="topk:ratio=0.1", memory="fp32",
+                               error_if_nonfinite=False)
+    gathered = hvd.allgather(params[None, :], name="scaled.replicas")
+    assert bool(torch.isfinite(params).all()) and all(torch.equal(gathered[0], row) for row in gathered)
+    assert scale == 2.0 ** 15
