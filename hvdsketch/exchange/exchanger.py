@@ -319,9 +319,10 @@ class Exchanger:
         """``error_if_nonfinite=False``: a tensor whose average is not finite (alike on every rank)
         starts its compressor state and residual again; one whose input was not finite on this rank
         though its average is (a lossy method left the value out), its residual."""
-        averaged = set() if ops.all_true(flags) else set(_failing(floating, flags, ops))
         given = [self._given[name]() for name in floating]
-        inputs = set() if ops.all_true(given) else set(_failing(floating, given, ops))
+        if ops.all_true(flags + given):  # one host sync, as the check's
+            return
+        averaged, inputs = set(_failing(floating, flags, ops)), set(_failing(floating, given, ops))
         for name in averaged:
             self.states.forget(name)
         for name in averaged | inputs:
@@ -330,11 +331,10 @@ class Exchanger:
             for memory in (self.memory, self.own_memory):
                 if memory is not None:
                     memory.forget(name, shape)
-        if averaged or inputs:
-            warnings.warn(f"hvdsketch: step {self.step} on rank {self.communicator.rank}: "
-                          f"{', '.join(map(repr, sorted(averaged | inputs)))} not finite; handed back as they are "
-                          f"(error_if_nonfinite=False: a loss scaler skips the step), their residuals and "
-                          f"compressor state start again", NonfiniteStep, stacklevel=3)
+        warnings.warn(f"hvdsketch: step {self.step} on rank {self.communicator.rank}: "
+                      f"{', '.join(map(repr, sorted(averaged | inputs)))} not finite; handed back as they are "
+                      f"(error_if_nonfinite=False: a loss scaler skips the step), their residuals and "
+                      f"compressor state start again", NonfiniteStep, stacklevel=3)
 
     def _nonfinite(self, name: str, finite_here: bool | None) -> str:
         return (nonfinite_message(repr(name), f"rank {self.communicator.rank}", finite_here,
