@@ -60,6 +60,7 @@ import collections
 import contextlib
 import math
 import os
+import resource
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -78,6 +79,10 @@ GATHERED_BELOW = 1 << 20
 #: last launches. fastText's embedding over 200 steps at 2 ranks: 14% of its rows in padding, 6% of the
 #: launches outgrowing it (one more all_gather each), against 30% and 0.5% for 1.25x the last launch's.
 BOUND_LAUNCHES = 16
+#: How many times a wait over gloo may yield its core to another thread before it sleeps
+#: (:meth:`TorchDistCommunicator.wait`): a rank alone on its core yields it to its own gloo threads a
+#: few times a wait (about 1,200 times in a run of 300 fastText steps).
+YIELDED_AWAY = 32
 
 
 def _integer(tensor: torch.Tensor) -> bool:
@@ -427,17 +432,12 @@ class TorchDistCommunicator:
         return out
 
     def wait(self, work: Any) -> None:
-        """Wait for ``work`` (``None``: nothing in flight). Over gloo by polling it, the core yielded
-        between polls, as MPI waits: gloo completes a collective on its own threads, each message a
-        hand-off between them, and a waiter asleep lets the core idle, so every hand-off waits for
-        it to wake (a small ``all_gather`` 0.77 against 1.28 ms at 2 ranks on the emulated
-        cluster; a fastText step through the DDP hook 6% faster). NCCL's ``wait`` only orders
-        streams: it is not polled."""
+        """Wait for ``work`` (``None``: nothing in flight). Over gloo by polling it first
+        (:func:`poll`); NCCL's ``wait`` only orders streams: it is not polled."""
         if work is None:
             return
         if self.polling:
-            while not work.is_completed():
-                os.sched_yield()
+            poll(work)
         work.wait()
 
     def staged(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -448,3 +448,28 @@ class TorchDistCommunicator:
     def unstaged(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """``result`` back on the device of the message it answers."""
         return result if result.device == like.device else result.to(like.device)
+
+
+def poll(work: Any) -> None:
+    """Poll ``work`` until it completes, the core yielded between polls, as MPI waits: gloo
+    completes a collective on its own threads, each message a hand-off between them, and a waiter
+    asleep lets the core idle, so every hand-off waits for it to wake (a small ``all_gather`` 0.77
+    against 1.28 ms at 2 ranks on the emulated cluster; a fastText step through the DDP hook 6%
+    faster). Unless the yields hand the core to other threads more than :data:`YIELDED_AWAY`
+    times: then another rank shares this core, and ranks polling side by side yield to each other
+    by the million in a run (the LSTM at 4 ranks on 2 cores: 4.1-4.6 million context switches a
+    run against 0.14 million with this limit, and steps 0.87, 0.92 and 1.11x as long in three
+    pairs), so it returns, for the caller to sleep in ``work.wait()``. Where ranks sharing a core
+    do little but tiny collectives, sleeping costs them the wake-ups instead (tests/mpi/ddp at 4
+    ranks on 2 cores, unpinned: 37-38 s against 32 s polled through)."""
+    away = _switched_away() + YIELDED_AWAY
+    polls = 0
+    while not work.is_completed() and (polls % 64 or _switched_away() <= away):
+        os.sched_yield()
+        polls += 1
+
+
+def _switched_away() -> int:
+    """How many times this thread has been switched away from while runnable (its yields that let
+    another thread run, and preemptions)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
