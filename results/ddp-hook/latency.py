@@ -2,7 +2,9 @@
 
     bash launch/cluster.sh --rate 1gbit -np 2 -- python results/ddp-hook/latency.py
 
-Each figure is the median of 5 batches of 200 calls (min..max over the batches), after 30 warm-up calls.
+Each line: the mean call of each of 5 batches of 200 calls, their median (min..max over the batches),
+after 30 warm-up calls; then the median and the 90th percentile of the 1,000 single calls (a collective
+that waits for a thread to be scheduled shows there as a tail a few milliseconds long).
 """
 import statistics
 import time
@@ -18,13 +20,17 @@ from hvdsketch.lab.bench.ddp import _store
 def timed(call, batches: int = 5, calls: int = 200) -> str:
     for _ in range(30):
         call()
-    times = []
+    times, single = [], []
     for _ in range(batches):
         start = time.perf_counter()
         for _ in range(calls):
+            before = time.perf_counter()
             call()
+            single.append((time.perf_counter() - before) * 1e6)
         times.append((time.perf_counter() - start) / calls * 1e6)
-    return f"{statistics.median(times):8.0f} us ({min(times):.0f}..{max(times):.0f})"
+    p50, p90 = np.percentile(single, [50, 90])
+    return (f"{statistics.median(times):8.0f} us ({min(times):.0f}..{max(times):.0f}); "
+            f"single calls: median {p50:.0f}, 90th percentile {p90:.0f} us")
 
 
 def direct(gathered: list[torch.Tensor], mine: torch.Tensor) -> None:
