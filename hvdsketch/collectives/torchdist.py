@@ -80,8 +80,8 @@ GATHERED_BELOW = 1 << 20
 #: launches outgrowing it (one more all_gather each), against 30% and 0.5% for 1.25x the last launch's.
 BOUND_LAUNCHES = 16
 #: How many times a wait over gloo may yield its core to another thread before it sleeps
-#: (:meth:`TorchDistCommunicator.wait`): a rank alone on its core yields it to its own gloo threads a
-#: few times a wait (about 1,200 times in a run of 300 fastText steps).
+#: (:func:`poll`): a rank alone on its core yields it to its own gloo threads a few times a wait
+#: (about 1,200 times in a run of 300 fastText steps).
 YIELDED_AWAY = 32
 
 

@@ -19,8 +19,10 @@ named as overflow. Training with a loss scaler (PyTorch's ``GradScaler``), whose
 overflowing steps are expected and skipped, makes the exchanger with
 ``error_if_nonfinite=False``: a result that is not finite is then handed back as it
 is, for the scaler to see and skip, and its tensor's residual and compressor state
-start again, as at the first step, so no NaN outlives the skipped step. Then, at the step boundary, the policy may look at the step's
-gradients and decide for the next steps (``auto``).
+start again, as at the first step, so no NaN outlives the skipped step (eager
+steps; inside ``tf.function`` a NaN still fails its assertion). Then, at the step
+boundary, the policy may look at the step's gradients and decide for the next
+steps (``auto``).
 
 A wait that lasts ``HVDSKETCH_STALL_SECONDS`` (default: Horovod's
 ``HOROVOD_STALL_CHECK_TIME_SECONDS``, 60) is reported on that
