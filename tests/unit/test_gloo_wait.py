@@ -2,7 +2,6 @@
 polls shares the core (:func:`hvdsketch.collectives.torchdist.poll`): two ranks yielding to each
 other would otherwise switch the core back and forth for the whole wait."""
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -20,10 +19,6 @@ class Work:
 
     def is_completed(self) -> bool:
         return time.perf_counter() >= self.done_at
-
-
-def switched_away() -> int:
-    return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
 
 
 @pytest.fixture
@@ -48,13 +43,13 @@ def test_a_rank_sharing_its_core_with_a_polling_rank_stops_polling(one_core, mon
         time.sleep(0.1)
         with monkeypatch.context() as unbounded:  # without the limit: polled through, yielding to the other
             unbounded.setattr(torchdist, "YIELDED_AWAY", 10**9)
-            work, before = Work(0.2), switched_away()
+            work, before = Work(0.2), torchdist._switched_away()
             torchdist.poll(work)
-            assert work.is_completed() and switched_away() - before > 1000
-        work, before = Work(2.0), switched_away()
+            assert work.is_completed() and torchdist._switched_away() - before > 1000
+        work, before = Work(2.0), torchdist._switched_away()
         torchdist.poll(work)
         assert not work.is_completed()  # it returned long before, to sleep in work.wait()
-        assert switched_away() - before <= torchdist.YIELDED_AWAY + 64
+        assert torchdist._switched_away() - before <= torchdist.YIELDED_AWAY + 64
     finally:
         other.kill()
         other.wait()
