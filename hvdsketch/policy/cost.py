@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -176,25 +177,26 @@ def shares(chosen: Sequence[Measurement], link: Link) -> list[float]:
 def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: int = 5,
             ring_bor: bool = False) -> Measurement:
     """Run ``compressor``'s whole exchange of ``tensor`` locally (each round's reduction over this
-    rank alone), the best of ``repeats`` timings (the first also pays one-off costs such as
-    allocations), and count the bytes its messages would put on the wire over ``ctx.world_size``
+    rank alone), the median of ``repeats`` timings (the first also pays one-off costs such as
+    allocations; the median, not the best, as the link probe's: where ranks share cores, the best
+    is the run that met the fewest others, and a step meets the typical one), and count the bytes its messages would put on the wire over ``ctx.world_size``
     ranks (``ring_bor``: the communicator ORs in a ring). Each run starts from the tensor's initial
     state and keeps none (compressors are stateless; the exchanger's table is not touched). Timing
     waits for the device (host syncs: it runs at the deciding step only)."""
     ops = backend(values_of(tensor))
     ctx = replace(ctx, state=None)
-    best, rounds = math.inf, []
+    timings, rounds = [], []
     for _ in range(repeats):
         ops.synchronize(values_of(tensor))  # device work queued before is not the codec's
         start = time.perf_counter()
         result, rounds = run_local(compressor, tensor if compressor.row_sparse else densified(tensor), ctx)
         ops.synchronize(values_of(result))  # on an accelerator the kernels have only been queued
-        best = min(best, time.perf_counter() - start)
+        timings.append(time.perf_counter() - start)
     size = ctx.world_size
     wire = sum(wire_bytes(m.op, backend(m.tensor).nbytes(m.tensor), size, ring_bor) for r in rounds for m in r)
     launched = collectives(rounds)
     own = backend(values_of(tensor)).dtype_name(values_of(tensor))
-    return Measurement(best, wire, len(launched) - ((0, "average", own) in launched), launched)
+    return Measurement(statistics.median(timings), wire, len(launched) - ((0, "average", own) in launched), launched)
 
 
 def densified(tensor: Any) -> Any:
