@@ -36,8 +36,9 @@ and on a fast link compressing may cost more time than it saves. So:
    gradient is part of what it measures). Random-k is left out: at the
    density of a sparse gradient it drops most non-zeros (it does not know
    where they are), and on dense ones it is top-k's worse sibling.
-5. **Measure** each candidate once on the real tensor of the deciding step
-   (:func:`~hvdsketch.policy.cost.measure`: compress, decompress, bytes on
+5. **Measure** each candidate on the real tensor of the deciding step
+   (:func:`~hvdsketch.policy.cost.measure`: compress and decompress, the
+   median of 5 timings, all ranks at once as in a step; bytes on
    the wire for this rank count and communicator, extra collectives; the
    ``union`` and ``balanced`` methods' bytes priced from the union itself, the
    ranks' bitmaps OR-ed once in the deciding step), take the maximum over
