@@ -212,9 +212,8 @@ else
     -x OMP_NUM_THREADS -np "$NP" --host "$HVDSKETCH_CLUSTER_HOSTS" "${TCP[@]}" --mca btl_tcp_if_include "$NET.0/24")
 fi
 
-# glibc's allocator tunables and PyTorch's THP_MEM_ALLOC_ENABLE (README, "Host memory"), where the
-# caller set them, reach every rank.
-while read -r name; do MPI+=(-x "$name"); done < <(env | grep -oE '^(MALLOC_[A-Z_]+|THP_MEM_ALLOC_ENABLE)=' | tr -d =)
+# glibc's allocator tunables (README, "Host memory"), where the caller set them, reach every rank.
+while read -r name; do MPI+=(-x "$name"); done < <(env | grep -oE '^MALLOC_[A-Z_]+=' | tr -d =)
 
 case $LAUNCHER in
   mpirun) COMMAND=("${MPI[@]}" "$@") ;;

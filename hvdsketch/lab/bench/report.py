@@ -17,11 +17,10 @@ Series = dict[str, list[tuple[float, ...]]]  # (x, y) or (x, y, low, high)
 
 
 def allocator() -> str:
-    """The host allocator settings this process runs with (glibc's ``MALLOC_*`` tunables and
-    PyTorch's ``THP_MEM_ALLOC_ENABLE``; README, "Host memory"), as ``"NAME=value, ..."``, or
-    ``"glibc's defaults"``: they change step times on the host, so every benchmark says which it ran with."""
-    tunables = sorted(f"{k}={v}" for k, v in os.environ.items()
-                      if k.startswith("MALLOC_") or k == "THP_MEM_ALLOC_ENABLE")
+    """glibc's allocator tunables this process runs with (``MALLOC_*``; README, "Host memory"), as
+    ``"NAME=value, ..."``, or ``"glibc's defaults"``: they change step times on the host, so every
+    benchmark says which it ran with."""
+    tunables = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("MALLOC_"))
     return ", ".join(tunables) or "glibc's defaults"
 
 
