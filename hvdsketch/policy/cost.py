@@ -179,8 +179,9 @@ def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: in
     """Run ``compressor``'s whole exchange of ``tensor`` locally (each round's reduction over this
     rank alone), the median of ``repeats`` timings (the first also pays one-off costs such as
     allocations; the median, not the best, as the link probe's: where ranks share cores, the best
-    is the run that met the fewest others, and a step meets the typical one), and count the bytes its messages would put on the wire over ``ctx.world_size``
-    ranks (``ring_bor``: the communicator ORs in a ring). Each run starts from the tensor's initial
+    is the run that met the fewest others, and a step meets the typical one), and count the bytes
+    its messages would put on the wire over ``ctx.world_size`` ranks (``ring_bor``: the
+    communicator ORs in a ring). Each run starts from the tensor's initial
     state and keeps none (compressors are stateless; the exchanger's table is not touched). Timing
     waits for the device (host syncs: it runs at the deciding step only)."""
     ops = backend(values_of(tensor))
@@ -195,8 +196,9 @@ def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: in
     size = ctx.world_size
     wire = sum(wire_bytes(m.op, backend(m.tensor).nbytes(m.tensor), size, ring_bor) for r in rounds for m in r)
     launched = collectives(rounds)
-    own = backend(values_of(tensor)).dtype_name(values_of(tensor))
-    return Measurement(statistics.median(timings), wire, len(launched) - ((0, "average", own) in launched), launched)
+    own = ops.dtype_name(values_of(tensor))
+    calls = len(launched) - ((0, "average", own) in launched)
+    return Measurement(statistics.median(timings), wire, calls, launched)
 
 
 def densified(tensor: Any) -> Any:
