@@ -109,7 +109,10 @@ def test_training_through_auto_is_the_announced_exchange(hvd):
     assert decided["0.weight"].split(":")[0] in ("allgather", "union", "balanced", "topk", "sketch", "powersgd")  # compressed
     assert any(flag != "none" for name, flag in decided.items() if name != "0.weight")
     reference, _ = train(hvd, Scripted(3, decided))
-    assert torch.equal(params, reference)
+    if hvd.size() == 2:  # a + b: Horovod's allreduces sum alike however it fuses them, bit for bit
+        assert torch.equal(params, reference)
+    else:  # Horovod fuses allreduces as they come, which at 3 ranks changes the sums' order (unfused, they match)
+        torch.testing.assert_close(params, reference, rtol=1e-5, atol=1e-6)
     gathered = hvd.allgather(params[None, :], name="policy.replicas")
     assert all(torch.equal(gathered[0], row) for row in gathered)
     assert report["bytes_sent"] < report["bytes_dense_allreduce"]
