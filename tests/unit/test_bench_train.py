@@ -17,6 +17,7 @@ import pytest
 
 from hvdsketch.lab.bench import report, scaling, train, watch
 from hvdsketch.lab.bench.matrix import Entry, Matrix
+from hvdsketch.lab.bench.quality import times_to_target
 from hvdsketch.lab.bench.spread import Spread
 from hvdsketch.lab.bench.targets import MET, MISSED, UNDECIDED, Outcome, combine, evaluate, judge
 from hvdsketch.lab.bench.train import (Result, _why, carried, markdown, ordered, outcomes, plots, probe_notice,
@@ -183,6 +184,23 @@ def test_time_to_target_picks_the_best_of_ours_against_every_other_entry():
     assert verdicts[2, "time to target"].met is True and "auto 40 s, 2.5x dense" in verdicts[2, "time to target"].measured
     assert verdicts[4, "time to target"].met is False  # powersgd is sooner than the best of ours
     assert verdicts[4, "exact reaches dense"].met is False  # allgather never reached it
+
+
+def test_time_to_target_holds_each_seed_to_dense_from_the_same_seed():
+    """Dense ends at perplexity 200 from seed 1 and 150 from seed 2 (their mean: 175). Each run is held
+    to dense's end from its own seed, so dense reaches its own in every seed, and the entry reaches
+    seed 1's after one epoch and never seed 2's."""
+    def seeded(seed, values):
+        return {**record(0.1, values[-1], epochs=len(values)), "validation": [{"perplexity": v} for v in values],
+                "config": {"workload": f"lstm:batch_size=4,seed={seed}"}}
+
+    runs = [("lstm", "none", 2, "dense", seeded(1, [300, 200])), ("lstm", "none", 2, "dense", seeded(2, [250, 150])),
+            ("lstm", "none", 2, "sketch", seeded(1, [190, 180])), ("lstm", "none", 2, "sketch", seeded(2, [190, 170])),
+            ("lstm", "1gbit", 2, "dense", record(1.0, 0.0)), ("lstm", "1gbit", 2, "sketch", record(0.5, 0.0))]
+    found = {t.label: t for t in times_to_target(runs, "dense")}
+    assert found["dense"].reached and found["dense"].steps.center == 20  # 10 steps an epoch: the last epoch
+    assert (found["sketch"].steps.low, found["sketch"].steps.high) == (10, math.inf) and not found["sketch"].reached
+    assert found["sketch"].target == 175
 
 
 def test_report_has_every_run_failures_included_and_plots(tmp_path):

@@ -4,13 +4,16 @@ Quality per step does not depend on the link, so every entry trains long on
 unshaped links (:data:`~hvdsketch.lab.bench.matrix.UNSHAPED`, validating after
 every epoch: its *curve*, quality against steps), and briefly on each shaped
 link to time its steps. For each workload and rank count the target is the
-baseline's (dense Horovod's) final quality, the mean over its repeats (seeds);
-an entry's time to it is::
+baseline's (dense Horovod's) final quality from the same seed: the entries of
+one round train from one seed, and where quality is noisier than the methods'
+differences (the LSTM) a seed's trajectory sets how far every entry gets, so a
+run is held to dense's end on its own seed, and dense reaches its own target
+in every seed. An entry's time to it is::
 
-    time to target = (steps until its curve first reaches the target) x (its median step time at that rate)
+    time to target = (steps until its curve first reaches its seed's target) x (its median step time at that rate)
 
 each a :class:`~hvdsketch.lab.bench.spread.Spread`: the steps over the entry's
-unshaped repeats (one per seed; a seed whose curve never reaches the target
+unshaped repeats (one per seed; a seed whose curve never reaches its target
 counts as ``inf``, never), the step time over its shaped repeats, the time
 spread from their extreme products. The same curves, averaged over the seeds
 (error bars: the seeds' range) and with steps scaled by each rate's step time,
@@ -27,6 +30,7 @@ from typing import Any, Iterable, Sequence
 
 from hvdsketch.lab.bench.matrix import UNSHAPED
 from hvdsketch.lab.bench.spread import Spread
+from hvdsketch.spec import Spec
 
 #: The headline metric of a record and whether higher is better.
 QUALITY = (("perplexity", False), ("accuracy", True))
@@ -45,6 +49,13 @@ def curve(record: dict[str, Any]) -> list[tuple[int, float]]:
         return []
     per_epoch = record["steps"] / max(record["epochs"], 1)
     return [(round(per_epoch * (i + 1)), float(v[found[0]])) for i, v in enumerate(record["validation"])]
+
+
+def seed_of(record: dict[str, Any]) -> str:
+    """The seed a run trained from: its workload flag's ``seed`` (``""``, the workload's default,
+    where the flag names none)."""
+    flag = (record.get("config") or {}).get("workload")
+    return Spec.parse(flag).options.get("seed", "") if isinstance(flag, str) else ""
 
 
 def steps_to(points: Sequence[tuple[int, float]], target: float, higher_is_better: bool) -> int | None:
@@ -70,7 +81,7 @@ class TimeToTarget:
     rate: str
     ranks: int
     label: str
-    target: float     # the baseline's final quality, mean over its seeds
+    target: float     # the baseline's final quality, the mean over the seeds of its per-seed targets
     final: Spread     # this entry's final quality over its seeds
     steps: Spread     # to the target, from the unshaped curves (inf: a seed never reached it)
     step_s: Spread    # median step time at ``rate``, over the shaped repeats
@@ -86,15 +97,16 @@ class TimeToTarget:
 
 
 Runs = Iterable[tuple[str, str, int, str, dict[str, Any]]]  # (workload, rate, ranks, label, record)
+Curve = tuple[str, list[tuple[int, float]], bool]  # (seed, (steps, quality) after each epoch, higher is better)
 
 
-def _curves(runs: Runs) -> dict[tuple[str, int, str], list[tuple[list[tuple[int, float]], bool]]]:
-    """Per (workload, ranks, label): every unshaped repeat's curve with its direction."""
-    out: dict[tuple[str, int, str], list[tuple[list[tuple[int, float]], bool]]] = {}
+def _curves(runs: Runs) -> dict[tuple[str, int, str], list[Curve]]:
+    """Per (workload, ranks, label): every unshaped repeat's curve with its seed and direction."""
+    out: dict[tuple[str, int, str], list[Curve]] = {}
     for w, rate, n, label, rec in runs:
         found = metric(rec)
         if rate == UNSHAPED and found is not None and curve(rec):
-            out.setdefault((w, n, label), []).append((curve(rec), found[1]))
+            out.setdefault((w, n, label), []).append((seed_of(rec), curve(rec), found[1]))
     return out
 
 
@@ -110,7 +122,7 @@ def _step_times(runs: Runs) -> dict[tuple[str, str, int, str], Spread]:
 def times_to_target(runs: Runs, baseline: str) -> list[TimeToTarget]:
     """From ``(workload, rate, ranks, label, record)`` of successful runs (several per entry: its
     repeats): for every shaped cell and every entry with unshaped curves of the same workload and
-    ranks, its time to the baseline's final unshaped quality."""
+    ranks, its time to the baseline's final unshaped quality from the same seed."""
     runs = list(runs)
     curves, steps = _curves(runs), _step_times(runs)
     out = []
@@ -118,11 +130,16 @@ def times_to_target(runs: Runs, baseline: str) -> list[TimeToTarget]:
         base, mine = curves.get((w, n, baseline)), curves.get((w, n, label))
         if not base or not mine:
             continue
-        target = statistics.fmean(points[-1][1] for points, _ in base)
-        reach = [steps_to(points, target, up) for points, up in mine]
+        ends: dict[str, list[float]] = {}
+        for seed, points, _ in base:
+            ends.setdefault(seed, []).append(points[-1][1])
+        targets = {seed: statistics.fmean(values) for seed, values in ends.items()}
+        reach = [steps_to(points, targets[seed], up) for seed, points, up in mine if seed in targets]
+        if not reach:  # no run of the baseline from this entry's seeds
+            continue
         to = Spread.median(math.inf if s is None else s for s in reach)
-        out.append(TimeToTarget(w, rate, n, label, target, Spread.mean(points[-1][1] for points, _ in mine),
-                                to, step, to.times(step)))
+        out.append(TimeToTarget(w, rate, n, label, statistics.fmean(targets.values()),
+                                Spread.mean(points[-1][1] for _, points, _ in mine), to, step, to.times(step)))
     return out
 
 
@@ -136,7 +153,7 @@ def wall_time_curves(runs: Runs, workload: str) -> dict[str, dict[str, list[tupl
     for (_, rate, n, label), step in steps.items():
         if (workload, n, label) not in curves:
             continue
-        seeds = [points for points, _ in curves[(workload, n, label)]]
+        seeds = [points for _, points, _ in curves[(workload, n, label)]]
         epochs = zip(*seeds)  # the seeds' points after each epoch
         panels.setdefault(f"{rate}, {n} ranks", {})[label] = [
             (at[0][0] * step.center, *Spread.mean(q for _, q in at).bounds()) for at in epochs]

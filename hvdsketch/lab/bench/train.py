@@ -408,8 +408,9 @@ def _reach_rows(results: list[Result], baseline: str) -> tuple[list[str], list[l
     rows = []
     for t in found:
         speedup = t.speedup(base.get((t.rate, t.ranks)))
+        versus = "never" if math.isinf(t.seconds.center) else speedup.text(3, "x") if speedup else "-"
         rows.append([t.rate, str(t.ranks), t.label, report.number(t.target, 4), t.final.text(4), t.steps.text(4),
-                     _ms(t.step_s), t.seconds.text(4, " s"), speedup.text(3, "x") if speedup else "-"])
+                     _ms(t.step_s), t.seconds.text(4, " s"), versus])
     return headers, rows
 
 
@@ -456,9 +457,10 @@ def markdown(results: list[Result], verdicts: list[Verdict], matrix: Matrix, met
                          f"median over the probes (min..max):\n\n" + report.markdown(*_probe_rows(mine, matrix.baseline)))
         reach = _reach_rows(mine, matrix.baseline)
         if reach[1]:
-            parts.append(f"Time to {matrix.baseline}'s final quality (the mean over its unshaped repeats; steps "
-                         f"from each unshaped repeat, `never` where one did not reach it, x median step time of "
-                         f"the shaped repeats):\n\n" + report.markdown(*reach))
+            parts.append(f"Time to {matrix.baseline}'s final quality (each unshaped repeat held to "
+                         f"{matrix.baseline}'s end from the same seed, `target` their mean; steps from each "
+                         f"unshaped repeat, `never` where one did not reach it, x median step time of the shaped "
+                         f"repeats):\n\n" + report.markdown(*reach))
     if verdicts:
         parts.append(f"### Targets (against {matrix.baseline} unless they say otherwise; decided on the spreads: "
                      f"undecided where the spread straddles the margin)\n\n" + report.markdown(
