@@ -85,6 +85,7 @@ that all run the same compression, memory and parameters; every step, that all
 are at the same step; bad input raises the same error on every rank.
 """
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -127,11 +128,16 @@ class ExchangeState:
         error_if_nonfinite: a NaN or Inf average raises ``FloatingPointError`` on every rank; with
             ``False`` it is handed back for a loss scaler (``torch.amp.GradScaler``) to skip the step,
             and its tensor's residual and compressor state start again (see :class:`hvdsketch.exchange.Exchanger`).
+        collectives: whose collectives move the messages: ``"torch"``, ``torch.distributed``'s over
+            ``process_group``; ``"mpi"``, hvdsketch's MPI layer (:mod:`hvdsketch.collectives.mpi`,
+            mpi4py) over every rank of an ``mpirun`` job, whose ranks must be DDP's: on CPU, MPI's
+            small messages take microseconds where gloo's take a millisecond or more.
     """
 
     def __init__(self, model: "torch.nn.Module | Iterable[tuple[str, torch.Tensor]]",
                  compression: Any = None, memory: Any = None, process_group: Any = None,
-                 sparse_as_dense: bool = False, prefix: str = "hvdsketch.ddp", error_if_nonfinite: bool = True) -> None:
+                 sparse_as_dense: bool = False, prefix: str = "hvdsketch.ddp", error_if_nonfinite: bool = True,
+                 collectives: str = "torch") -> None:
         from hvdsketch.memory import create as create_memory
         from hvdsketch.policy import create as create_policy
 
@@ -149,7 +155,7 @@ class ExchangeState:
         #: What DDP reduces every step: every bucket's parameter names (until a step shows them).
         self._reduced = {name for name, p in named if p.requires_grad and name not in ignored}
         policy = create_policy(compression)
-        self.communicator = TorchDistCommunicator(process_group)
+        self.communicator = _communicator(collectives, process_group)
         self.exchanger = Exchanger(policy, self.communicator, None if memory is None else create_memory(memory),
                                    sparse_as_dense=sparse_as_dense, prefix=prefix, error_if_nonfinite=error_if_nonfinite)
         self._buckets: list[_Bucket] = []  # this step's, until its last bucket
@@ -205,7 +211,9 @@ class ExchangeState:
         """Start the exchanges of the buckets ready; their first rounds go out together, as DDP's
         bucket does. A dense gradient's average is written into its place in the bucket's buffer."""
         ready, self._ready = self._ready, []
-        with self.communicator.fusing():
+        # one collective per (op, dtype) for them all; MPI's launches cost microseconds: each goes at once
+        fusing = getattr(self.communicator, "fusing", contextlib.nullcontext)
+        with fusing():
             for names, gradients in ready:
                 for name in names:
                     gradient = gradients[name]
@@ -303,6 +311,27 @@ class ExchangeState:
         """Bytes this rank sent (per collective and in total) against a dense ring allreduce, the
         residuals kept and the policy's assignment (:func:`hvdsketch.exchange.report.report_of`)."""
         return report_of(self.exchanger, self._bytes_dense)
+
+
+def _communicator(collectives: str, process_group: Any) -> Any:
+    """The communicator ``collectives`` names (see :class:`ExchangeState`)."""
+    if collectives == "torch":
+        return TorchDistCommunicator(process_group)
+    if collectives != "mpi":
+        raise ValueError(f"hvdsketch: collectives must be 'torch' or 'mpi', got {collectives!r}")
+    if process_group is not None:
+        raise ValueError("hvdsketch: collectives='mpi' averages over every MPI rank; it takes no process_group")
+    from mpi4py import MPI
+
+    from hvdsketch.collectives.mpi import MPICommunicator
+
+    communicator = MPICommunicator()
+    differs = (communicator.rank, communicator.size) != (dist.get_rank(), dist.get_world_size())
+    if communicator.comm.allreduce(differs, op=MPI.LOR):  # on every rank alike
+        raise ValueError(f"hvdsketch: collectives='mpi' needs MPI's ranks to be DDP's, and on some rank they differ "
+                         f"(here MPI rank {communicator.rank} of {communicator.size}, torch.distributed rank "
+                         f"{dist.get_rank()} of {dist.get_world_size()}); launch with mpirun, ranks in one order")
+    return communicator
 
 
 def exchange_hook(state: ExchangeState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

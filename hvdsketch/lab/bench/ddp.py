@@ -74,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(the config's compression and memory)")
     parser.add_argument("--rank", type=int, default=4, help="PowerSGD's matrix approximation rank")
     parser.add_argument("--start-iter", type=int, default=2, help="PowerSGD starts after this many dense steps")
+    parser.add_argument("--collectives", choices=("torch", "mpi"), default="torch",
+                        help="--hook hvdsketch: its collectives, torch.distributed's (gloo) or hvdsketch's MPI layer")
     parser.add_argument("--bucket-cap-mb", type=float, help="DDP bucket size (default: the whole model)")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--steps-per-epoch", type=int, help="cap the steps of each epoch (quick runs)")
@@ -137,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
     store = _store(rank, size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
     try:
-        record = _train(config, workload, hook, approximation_rank, start_iter, args.bucket_cap_mb, rank, size, local)
+        record = _train(config, workload, hook, approximation_rank, start_iter, args.bucket_cap_mb, rank, size, local,
+                        args.collectives)
         dist.barrier()  # rank 0 validates last: no rank tears gloo down under another's feet
     finally:
         _destroy()
@@ -182,7 +185,7 @@ def _leave(store: Any, rank: int, size: int) -> None:
 
 
 def _train(config: Any, workload: Any, hook: str, approximation_rank: int, start_iter: int,
-           bucket_cap_mb: float | None, rank: int, size: int, local: int) -> dict[str, Any]:
+           bucket_cap_mb: float | None, rank: int, size: int, local: int, collectives: str) -> dict[str, Any]:
     """The run's record; DDP and its hook's state are gone when it returns, before the process
     group is destroyed."""
     import torch
@@ -195,7 +198,7 @@ def _train(config: Any, workload: Any, hook: str, approximation_rank: int, start
     bucket_cap_mb = bucket_cap_mb or (DDP_BUCKET_MB if hook == "hvdsketch" else whole)
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     state = {"none": lambda: None, "powersgd": lambda: _powersgd(ddp, approximation_rank, start_iter),
-             "hvdsketch": lambda: _hvdsketch(ddp, config)}[hook]()
+             "hvdsketch": lambda: _hvdsketch(ddp, config, collectives)}[hook]()
     optimizer = _optimizer(config, model)
 
     steps = {"done": 0}
@@ -228,16 +231,18 @@ def _train(config: Any, workload: Any, hook: str, approximation_rank: int, start
     record = fit(config, workload, model, step, rank, size, report)
     record["path"] = "ddp"
     record["ddp"] = {"hook": hook, "bucket_cap_mb": bucket_cap_mb, "backend": "gloo",
-                     **({"rank": approximation_rank, "start_iter": start_iter} if hook == "powersgd" else {})}
+                     **({"rank": approximation_rank, "start_iter": start_iter} if hook == "powersgd" else {}),
+                     **({"collectives": collectives} if hook == "hvdsketch" else {})}
     return record
 
 
-def _hvdsketch(ddp: Any, config: Any) -> Any:
-    """Register hvdsketch's hook with the config's compression and memory; its state (which reports)."""
+def _hvdsketch(ddp: Any, config: Any, collectives: str) -> Any:
+    """Register hvdsketch's hook with the config's compression and memory over ``collectives``; its
+    state (which reports)."""
     from hvdsketch.torch import ddp as hvdsketch_ddp
 
     state = hvdsketch_ddp.ExchangeState(ddp, compression=config.compression, memory=config.memory,
-                                        sparse_as_dense=config.densify)
+                                        sparse_as_dense=config.densify, collectives=collectives)
     ddp.register_comm_hook(state, hvdsketch_ddp.exchange_hook)
     return state
 

@@ -15,6 +15,14 @@ def test_an_unknown_compressor_is_a_clear_error_on_every_rank():
         ExchangeState(wrapped, compression="sketch", memory="fp33")
 
 
+def test_collectives_it_cannot_run_are_a_clear_error_on_every_rank():
+    wrapped, _ = ddp(model())
+    with pytest.raises(ValueError, match="collectives must be 'torch' or 'mpi', got 'nccl'"):
+        ExchangeState(wrapped, compression="allgather", collectives="nccl")
+    with pytest.raises(ValueError, match="'mpi' averages over every MPI rank; it takes no process_group"):
+        ExchangeState(wrapped, compression="allgather", collectives="mpi", process_group=dist.group.WORLD)
+
+
 def test_named_parameters_that_are_not_pairs_are_a_clear_error():
     module = model()
     with pytest.raises(ValueError, match=r"\(name, parameter\) pairs"):

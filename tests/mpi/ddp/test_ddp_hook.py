@@ -55,6 +55,21 @@ def test_exact_sparse_methods_equal_ddps_average(compression, sparse):
     assert state.report()["collectives"]  # it went through the exchanger
 
 
+@pytest.mark.parametrize("compression", ["none", "allgather"])
+def test_over_mpi_the_hook_averages_as_ddp_does_without_a_torch_collective(compression, monkeypatch):
+    """``collectives="mpi"``: hvdsketch's MPI layer moves every bucket's messages (the sparse
+    embedding's rows, the dense layers' sums), DDP's average to float rounding, and the hook calls
+    no torch.distributed collective."""
+    reference, _ = trained(None)
+    module = model()
+    wrapped, state = ddp(module, compression, collectives="mpi")
+    calls = counting(monkeypatch)
+    train(wrapped, sgd(module), batches(4))
+    torch.testing.assert_close(flat(module), reference, rtol=1e-5, atol=1e-6)
+    assert calls == {"all_gather": 0, "all_reduce": 0}
+    assert state.report()["bytes_sent"] > 0
+
+
 def test_no_sync_accumulates_as_ddp_does():
     """Two micro-batches under no_sync(), a third synchronized: the hook sees the sum of the three,
     and ``none`` steps exactly as DDP's own allreduce."""
