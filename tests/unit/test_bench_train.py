@@ -354,6 +354,39 @@ def test_repeats_of_a_seeded_workload_train_from_their_own_seeds(tmp_path):
     assert get("lstm:batch_size=4,seed=6").seed == 6  # hvdsketch train takes the seed from the flag
 
 
+def test_unshaped_runs_of_auto_decide_for_the_shaped_link_and_join_only_its_times(tmp_path):
+    """auto's decisions follow the link: its unshaped quality runs declare the cell's shaped rate,
+    and their curves time at that rate only; a setting that does not probe stays as it is."""
+    import yaml
+
+    train = write(tmp_path, "w.yaml", "workload: lstm:batch_size=4\nlr: 1.0\n")
+    config = write(tmp_path, "bench.yaml", f"""\
+        rates: [none, 1gbit]
+        ranks: [2]
+        repeats: 1
+        workloads:
+          lstm: {{config: {train}}}
+        entries: [{{label: auto, compression: "auto:warmup=2"}}, {{label: fixed, compression: "auto:bandwidth=10gbit"}},
+                  {{label: sketch, compression: sketch}}]
+        """)
+    flags = {}
+    for job in Matrix.load(config).jobs():
+        if job.entry is not None:
+            job.command(tmp_path / job.key, [])
+            flags[job.rate, job.label] = yaml.safe_load((tmp_path / job.key / "config.yaml").read_text())["compression"]
+    assert flags["none", "auto"] == "auto:bandwidth=1gbit,warmup=2" and flags["1gbit", "auto"] == "auto:warmup=2"
+    assert flags["none", "fixed"] == "auto:bandwidth=10gbit" and flags["none", "sketch"] == "sketch"
+
+    def run(label, rate, compression):
+        return ("lstm", rate, 2, label, {**record(0.1, 200.0), "config": {"compression": compression}})
+
+    runs = [run("dense", "none", "none"), run("dense", "1gbit", "none"), run("dense", "10gbit", "none"),
+            run("auto", "none", flags["none", "auto"]), run("auto", "1gbit", "auto:warmup=2"),
+            run("auto", "10gbit", "auto:warmup=2")]
+    assert {(t.label, t.rate) for t in times_to_target(runs, "dense")} == {
+        ("dense", "1gbit"), ("dense", "10gbit"), ("auto", "1gbit")}
+
+
 def test_the_probe_times_its_baseline_when_the_entries_leave_it_out(bench_config, tmp_path):
     import yaml
 

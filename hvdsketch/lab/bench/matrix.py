@@ -110,8 +110,20 @@ class Entry:
         return {k: v for k, v in out.items() if v is not None}
 
 
-#: The link rate of the quality runs: unshaped links, since quality per step does not depend on the link.
+#: The link rate of the quality runs: unshaped links, since quality per step does not depend on the link
+#: (but for ``auto``'s decisions, which its quality runs take from the shaped link: :func:`declared`).
 UNSHAPED = "none"
+
+
+def declared(compression: Any, link: str) -> Any:
+    """``compression`` deciding as on ``link``: ``auto`` that would probe the link (whose decisions,
+    and so its quality, follow the link) with ``link`` declared as its bandwidth; else as it is."""
+    if not isinstance(compression, str):
+        return compression
+    spec = Spec.parse(compression)
+    if spec.name != "auto" or "bandwidth" in spec.options:
+        return compression
+    return str(Spec(spec.name, {**spec.options, "bandwidth": link}))
 
 
 @dataclass(frozen=True)
@@ -156,30 +168,35 @@ class WorkloadRuns:
         """``(epochs, steps_per_epoch)`` of a run at ``rate``."""
         return self.quality if rate == UNSHAPED and self.quality else (self.epochs, self.steps_per_epoch)
 
-    def training_config(self, entry: Entry, rate: str, repeat: int = 1) -> dict[str, Any]:
+    def training_config(self, entry: Entry, rate: str, repeat: int = 1, link: str | None = None) -> dict[str, Any]:
         """The workload's YAML with the entry's settings, the step budget at ``rate`` and (with
-        ``seeds`` > 1) repeat ``repeat``'s seed laid over it."""
+        ``seeds`` > 1) repeat ``repeat``'s seed laid over it; ``link``: the shaped rate an unshaped
+        run's ``auto`` decides for (:func:`declared`)."""
         raw = yaml.safe_load(Path(self.config).read_text()) or {}
+        overrides = entry.overrides()
+        if rate == UNSHAPED and link and "compression" in overrides:
+            overrides["compression"] = declared(overrides["compression"], link)
         epochs, steps = self.budget(rate)
         flag = self.workload or raw.get("workload")
         if self.seeds > 1 and flag:  # the seed is a workload option: lstm:...,seed=N
             spec = Spec.parse(flag)
             seed = int(spec.options.get("seed", 0)) + (repeat - 1) % self.seeds
             flag = str(Spec(spec.name, {**spec.options, "seed": str(seed)}))
-        return {**raw, **({"workload": flag} if flag else {}), **entry.overrides(),
+        return {**raw, **({"workload": flag} if flag else {}), **overrides,
                 "epochs": epochs, "steps_per_epoch": steps}
 
 
 @dataclass(frozen=True)
 class Job:
     """One run on the emulated cluster: an entry's training, or (``entry`` None) a cell's probe;
-    ``repeat`` counts from 1."""
+    ``repeat`` counts from 1; ``link``: for an unshaped run, the shaped rate its ``auto`` decides for."""
 
     workload: WorkloadRuns
     rate: str
     ranks: int
     entry: Entry | None
     repeat: int = 1
+    link: str | None = None
 
     @property
     def label(self) -> str:
@@ -201,7 +218,7 @@ class Job:
                     "--steps", str(self.workload.probe_steps), "--baseline", baseline,
                     "--json", str(run_dir / "record.json")]
         config = run_dir / "config.yaml"
-        config.write_text(yaml.safe_dump(self.workload.training_config(self.entry, self.rate, self.repeat),
+        config.write_text(yaml.safe_dump(self.workload.training_config(self.entry, self.rate, self.repeat, self.link),
                                          sort_keys=False))
         head = ([sys.executable, "-m", "hvdsketch.lab.cli", "train"] if self.entry.runner == TRAIN
                 else [sys.executable, "-m", self.entry.runner])
@@ -295,15 +312,18 @@ class Matrix:
 
     def jobs(self) -> list[Job]:
         """Cell by cell (workload, rate, ranks), in ``repeats`` rounds: each round every entry of the
-        cell once, then its probe (on shaped links), so repeats interleave (A B C A B C ...)."""
+        cell once, then its probe (on shaped links), so repeats interleave (A B C A B C ...). An
+        unshaped run's ``auto`` decides for the cell's first shaped rate (its step times')."""
         out = []
         for w in self.workloads:
             for rate in self.rates:
                 for n in self.ranks:
                     if not w.runs_in(rate, n):
                         continue
+                    shaped = next((r for r in self.rates if r != UNSHAPED and w.runs_in(r, n)), None)
+                    link = shaped if rate == UNSHAPED else None
                     for repeat in range(1, self.repeats + 1):
-                        out += [Job(w, rate, n, e, repeat) for e in self.for_workload(w.name)]
+                        out += [Job(w, rate, n, e, repeat, link) for e in self.for_workload(w.name)]
                         if w.probe and rate != UNSHAPED:  # the probe times the link
                             out.append(Job(w, rate, n, None, repeat))
         return out

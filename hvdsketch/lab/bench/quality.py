@@ -8,7 +8,9 @@ baseline's (dense Horovod's) final quality from the same seed: the entries of
 one round train from one seed, and where quality is noisier than the methods'
 differences (the LSTM) a seed's trajectory sets how far every entry gets, so a
 run is held to dense's end on its own seed, and dense reaches its own target
-in every seed. An entry's time to it is::
+in every seed. ``auto``'s decisions follow the link, so its unshaped runs decide
+for a shaped rate (:func:`~hvdsketch.lab.bench.matrix.declared`) and join only
+that rate's step times. An entry's time to it is::
 
     time to target = (steps until its curve first reaches its seed's target) x (its median step time at that rate)
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from hvdsketch.lab.bench.matrix import UNSHAPED
 from hvdsketch.lab.bench.spread import Spread
@@ -56,6 +58,14 @@ def seed_of(record: dict[str, Any]) -> str:
     where the flag names none)."""
     flag = (record.get("config") or {}).get("workload")
     return Spec.parse(flag).options.get("seed", "") if isinstance(flag, str) else ""
+
+
+def link_of(record: dict[str, Any]) -> str | None:
+    """The link rate a run's ``auto`` decided for (its declared bandwidth), ``None`` for any other
+    compression."""
+    flag = (record.get("config") or {}).get("compression")
+    spec = Spec.parse(flag) if isinstance(flag, str) else None
+    return spec.options.get("bandwidth") if spec is not None and spec.name == "auto" else None
 
 
 def steps_to(points: Sequence[tuple[int, float]], target: float, higher_is_better: bool) -> int | None:
@@ -97,16 +107,24 @@ class TimeToTarget:
 
 
 Runs = Iterable[tuple[str, str, int, str, dict[str, Any]]]  # (workload, rate, ranks, label, record)
-Curve = tuple[str, list[tuple[int, float]], bool]  # (seed, (steps, quality) after each epoch, higher is better)
 
 
-def _curves(runs: Runs) -> dict[tuple[str, int, str], list[Curve]]:
-    """Per (workload, ranks, label): every unshaped repeat's curve with its seed and direction."""
+class Curve(NamedTuple):
+    """One unshaped repeat's quality after each epoch."""
+
+    seed: str
+    link: str | None  # the rate its ``auto`` decided for (:func:`link_of`): it joins that rate's times only
+    points: list[tuple[int, float]]  # (steps trained, quality)
+    up: bool  # higher is better
+
+
+def _curves(runs: Runs, rate: str) -> dict[tuple[str, int, str], list[Curve]]:
+    """Per (workload, ranks, label): every unshaped repeat's curve that speaks for ``rate``."""
     out: dict[tuple[str, int, str], list[Curve]] = {}
-    for w, rate, n, label, rec in runs:
-        found = metric(rec)
-        if rate == UNSHAPED and found is not None and curve(rec):
-            out.setdefault((w, n, label), []).append((seed_of(rec), curve(rec), found[1]))
+    for w, at, n, label, rec in runs:
+        found, link = metric(rec), link_of(rec)
+        if at == UNSHAPED and found is not None and curve(rec) and link in (None, rate):
+            out.setdefault((w, n, label), []).append(Curve(seed_of(rec), link, curve(rec), found[1]))
     return out
 
 
@@ -124,22 +142,22 @@ def times_to_target(runs: Runs, baseline: str) -> list[TimeToTarget]:
     repeats): for every shaped cell and every entry with unshaped curves of the same workload and
     ranks, its time to the baseline's final unshaped quality from the same seed."""
     runs = list(runs)
-    curves, steps = _curves(runs), _step_times(runs)
     out = []
-    for (w, rate, n, label), step in steps.items():
+    for (w, rate, n, label), step in _step_times(runs).items():
+        curves = _curves(runs, rate)
         base, mine = curves.get((w, n, baseline)), curves.get((w, n, label))
         if not base or not mine:
             continue
         ends: dict[str, list[float]] = {}
-        for seed, points, _ in base:
-            ends.setdefault(seed, []).append(points[-1][1])
+        for c in base:
+            ends.setdefault(c.seed, []).append(c.points[-1][1])
         targets = {seed: statistics.fmean(values) for seed, values in ends.items()}
-        reach = [steps_to(points, targets[seed], up) for seed, points, up in mine if seed in targets]
+        reach = [steps_to(c.points, targets[c.seed], c.up) for c in mine if c.seed in targets]
         if not reach:  # no run of the baseline from this entry's seeds
             continue
         to = Spread.median(math.inf if s is None else s for s in reach)
         out.append(TimeToTarget(w, rate, n, label, statistics.fmean(targets.values()),
-                                Spread.mean(points[-1][1] for _, points, _ in mine), to, step, to.times(step)))
+                                Spread.mean(c.points[-1][1] for c in mine), to, step, to.times(step)))
     return out
 
 
@@ -148,12 +166,12 @@ def wall_time_curves(runs: Runs, workload: str) -> dict[str, dict[str, list[tupl
     mean over its seeds, with steps turned into seconds at that cell's median step time:
     ``(seconds, mean, lowest seed, highest seed)`` after each epoch."""
     runs = [r for r in runs if r[0] == workload]
-    curves, steps = _curves(runs), _step_times(runs)
     panels: dict[str, dict[str, list[tuple[float, ...]]]] = {}
-    for (_, rate, n, label), step in steps.items():
+    for (_, rate, n, label), step in _step_times(runs).items():
+        curves = _curves(runs, rate)
         if (workload, n, label) not in curves:
             continue
-        seeds = [points for _, points, _ in curves[(workload, n, label)]]
+        seeds = [c.points for c in curves[(workload, n, label)]]
         epochs = zip(*seeds)  # the seeds' points after each epoch
         panels.setdefault(f"{rate}, {n} ranks", {})[label] = [
             (at[0][0] * step.center, *Spread.mean(q for _, q in at).bounds()) for at in epochs]
