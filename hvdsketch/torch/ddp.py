@@ -19,7 +19,10 @@ bucket is exchanged with its own compressor (the policy's choice for its name),
 through hvdsketch's exchanger over ``torch.distributed``
 (:mod:`hvdsketch.collectives.torchdist`: gloo on CPU, NCCL on GPU, the process
 group given or the default one). Launch with ``torchrun`` (or ``mpirun``, with
-the rendezvous in the environment); only torch is needed.
+the rendezvous in the environment); only torch is needed. In an ``mpirun`` job
+on CPUs, ``collectives="mpi"`` moves the messages over hvdsketch's MPI layer
+(mpi4py) instead: gloo's small collectives cost a millisecond or more each
+there, MPI's tens of microseconds.
 
 Buckets and steps. DDP calls the hook once per bucket, in the same order on every
 rank; a step's last bucket is the one ``bucket.is_last()`` says, or the one that
@@ -131,7 +134,7 @@ class ExchangeState:
         collectives: whose collectives move the messages: ``"torch"``, ``torch.distributed``'s over
             ``process_group``; ``"mpi"``, hvdsketch's MPI layer (:mod:`hvdsketch.collectives.mpi`,
             mpi4py) over every rank of an ``mpirun`` job, whose ranks must be DDP's: on CPU, MPI's
-            small messages take microseconds where gloo's take a millisecond or more.
+            small messages take tens of microseconds where gloo's take a millisecond or more.
     """
 
     def __init__(self, model: "torch.nn.Module | Iterable[tuple[str, torch.Tensor]]",

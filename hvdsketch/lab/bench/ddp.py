@@ -23,7 +23,8 @@ benchmark harness puts both side by side.
   config's ``compression`` and ``memory`` (``auto`` included), sparse gradients kept
   sparse (the workload's ``sparse`` option as the config has it), DDP's default
   buckets (25 MB) unless ``--bucket-cap-mb`` says otherwise, so exchanges start
-  while backward goes on; bytes as the hook's report counts them.
+  while backward goes on; bytes as the hook's report counts them. ``--collectives
+  mpi``: the hook's messages over hvdsketch's MPI layer instead of gloo.
 
 With gloo the PowerSGD hook needs all gradients in one bucket (with several,
 gloo aborted on a size mismatch here), so the bucket holds the whole model by
