@@ -113,18 +113,18 @@ class Curve(NamedTuple):
     """One unshaped repeat's quality after each epoch."""
 
     seed: str
-    link: str | None  # the rate its ``auto`` decided for (:func:`link_of`): it joins that rate's times only
     points: list[tuple[int, float]]  # (steps trained, quality)
     up: bool  # higher is better
 
 
 def _curves(runs: Runs, rate: str) -> dict[tuple[str, int, str], list[Curve]]:
-    """Per (workload, ranks, label): every unshaped repeat's curve that speaks for ``rate``."""
+    """Per (workload, ranks, label): every unshaped repeat's curve that speaks for ``rate`` (a run
+    whose ``auto`` decided for another link does not, :func:`link_of`)."""
     out: dict[tuple[str, int, str], list[Curve]] = {}
     for w, at, n, label, rec in runs:
-        found, link = metric(rec), link_of(rec)
-        if at == UNSHAPED and found is not None and curve(rec) and link in (None, rate):
-            out.setdefault((w, n, label), []).append(Curve(seed_of(rec), link, curve(rec), found[1]))
+        found = metric(rec)
+        if at == UNSHAPED and found is not None and curve(rec) and link_of(rec) in (None, rate):
+            out.setdefault((w, n, label), []).append(Curve(seed_of(rec), curve(rec), found[1]))
     return out
 
 

@@ -30,6 +30,18 @@ def test_hook_steps_on_the_gradients_device(compression, memory):
     assert_replicas_agree(module)
 
 
+@pytest.mark.parametrize("compression", ["none", "allgather", "sketch", "powersgd", *AUTO])
+def test_hook_over_mpi_steps_on_the_gradients_device(compression):
+    """The same over hvdsketch's MPI layer (``collectives="mpi"``), whose results come back from
+    host buffers."""
+    module = model()
+    wrapped, state = ddp(module, compression, memory="fp32", collectives="mpi")
+    with meta_default((ExchangeState, "reduce")):
+        train(wrapped, sgd(module), batches(3))
+    assert module[0].weight.grad.is_sparse
+    assert_replicas_agree(module)
+
+
 def test_the_hook_runs_inside_the_meta_default():
     """The harness can fail: inside the hook, a tensor made without a device is on "meta"."""
     seen = []
