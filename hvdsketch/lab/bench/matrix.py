@@ -126,6 +126,12 @@ def declared(compression: Any, link: str) -> Any:
     return str(Spec(spec.name, {**spec.options, "bandwidth": link}))
 
 
+def declared_link(compression: Any) -> str | None:
+    """The link ``compression`` decides for: ``auto``'s declared bandwidth, ``None`` for any other."""
+    spec = Spec.parse(compression) if isinstance(compression, str) else None
+    return spec.options.get("bandwidth") if spec is not None and spec.name == "auto" else None
+
+
 @dataclass(frozen=True)
 class WorkloadRuns:
     """How one workload is run: its training config, the same epochs and steps for every entry, and

@@ -30,7 +30,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Sequence
 
-from hvdsketch.lab.bench.matrix import UNSHAPED
+from hvdsketch.lab.bench.matrix import UNSHAPED, declared_link
 from hvdsketch.lab.bench.spread import Spread
 from hvdsketch.spec import Spec
 
@@ -58,14 +58,6 @@ def seed_of(record: dict[str, Any]) -> str:
     where the flag names none)."""
     flag = (record.get("config") or {}).get("workload")
     return Spec.parse(flag).options.get("seed", "") if isinstance(flag, str) else ""
-
-
-def link_of(record: dict[str, Any]) -> str | None:
-    """The link rate a run's ``auto`` decided for (its declared bandwidth), ``None`` for any other
-    compression."""
-    flag = (record.get("config") or {}).get("compression")
-    spec = Spec.parse(flag) if isinstance(flag, str) else None
-    return spec.options.get("bandwidth") if spec is not None and spec.name == "auto" else None
 
 
 def steps_to(points: Sequence[tuple[int, float]], target: float, higher_is_better: bool) -> int | None:
@@ -119,11 +111,12 @@ class Curve(NamedTuple):
 
 def _curves(runs: Runs, rate: str) -> dict[tuple[str, int, str], list[Curve]]:
     """Per (workload, ranks, label): every unshaped repeat's curve that speaks for ``rate`` (a run
-    whose ``auto`` decided for another link does not, :func:`link_of`)."""
+    whose ``auto`` decided for another link does not, :func:`~hvdsketch.lab.bench.matrix.declared_link`)."""
     out: dict[tuple[str, int, str], list[Curve]] = {}
     for w, at, n, label, rec in runs:
         found = metric(rec)
-        if at == UNSHAPED and found is not None and curve(rec) and link_of(rec) in (None, rate):
+        link = declared_link((rec.get("config") or {}).get("compression"))
+        if at == UNSHAPED and found is not None and curve(rec) and link in (None, rate):
             out.setdefault((w, n, label), []).append(Curve(seed_of(rec), curve(rec), found[1]))
     return out
 
@@ -141,10 +134,11 @@ def times_to_target(runs: Runs, baseline: str) -> list[TimeToTarget]:
     """From ``(workload, rate, ranks, label, record)`` of successful runs (several per entry: its
     repeats): for every shaped cell and every entry with unshaped curves of the same workload and
     ranks, its time to the baseline's final unshaped quality from the same seed."""
-    runs = list(runs)
-    out = []
-    for (w, rate, n, label), step in _step_times(runs).items():
-        curves = _curves(runs, rate)
+    runs, out = list(runs), []
+    steps = _step_times(runs)
+    by_rate = {rate: _curves(runs, rate) for _, rate, _, _ in steps}
+    for (w, rate, n, label), step in steps.items():
+        curves = by_rate[rate]
         base, mine = curves.get((w, n, baseline)), curves.get((w, n, label))
         if not base or not mine:
             continue
@@ -167,8 +161,10 @@ def wall_time_curves(runs: Runs, workload: str) -> dict[str, dict[str, list[tupl
     ``(seconds, mean, lowest seed, highest seed)`` after each epoch."""
     runs = [r for r in runs if r[0] == workload]
     panels: dict[str, dict[str, list[tuple[float, ...]]]] = {}
-    for (_, rate, n, label), step in _step_times(runs).items():
-        curves = _curves(runs, rate)
+    steps = _step_times(runs)
+    by_rate = {rate: _curves(runs, rate) for _, rate, _, _ in steps}
+    for (_, rate, n, label), step in steps.items():
+        curves = by_rate[rate]
         if (workload, n, label) not in curves:
             continue
         seeds = [c.points for c in curves[(workload, n, label)]]
