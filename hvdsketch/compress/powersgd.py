@@ -41,15 +41,21 @@ class PowerSGD(Compressor):
     (``feedback``): the exchanger keeps ``E`` in the user's residual memory, or in
     float32 when none is given.
     Orthogonalization is a reduced QR (in float32 for 16-bit gradients). Tensors of rank < 2,
-    and matrices where ``r (n + m) >= n m`` (nothing saved), are averaged dense in one round.
+    and matrices where ``r (n + m) >= n m`` (nothing saved), are averaged dense in one round, as is
+    every tensor in the first ``start`` steps (PyTorch's ``start_powerSGD_iter``): the first steps
+    of training are the most sensitive to an inexact gradient, and the residual starts once they
+    are past. Tuning, as PyTorch's hook advises: raise ``rank`` first; then ``start``, from about
+    10% of the training steps, no fewer than a learning-rate warm-up's.
 
-    Host syncs: none (the QR runs on the tensor's device). Inside ``tf.function`` with warm start,
-    ``Q`` and the residual live in variables: the exchange is graph ops, started with its gradient.
+    Host syncs: none (the QR runs on the tensor's device). Inside ``tf.function`` with warm start
+    and ``start=0``, ``Q`` and the residual live in variables: the exchange is graph ops, started
+    with its gradient.
 
     Options (flag ``powersgd:rank=2``):
       rank        rank r of the approximation, >= 1 (default 1)
       seed        base seed of the initial Q (default 0)
       warm_start  start from the last step's averaged Q (default true), or from a fresh one
+      start       steps averaged dense before the first compressed one (default 0)
     """
 
     name: ClassVar[str] = "powersgd"
@@ -59,10 +65,13 @@ class PowerSGD(Compressor):
     rank: int = 1
     seed: int = 0
     warm_start: bool = True
+    start: int = 0
 
     def __post_init__(self) -> None:
         if self.rank < 1:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
+        if self.start < 0:
+            raise ValueError(f"start must be >= 0, got {self.start}")
 
     def matrix(self, shape: Sequence[int]) -> tuple[int, int] | None:
         """The ``(n, m)`` matrix view of a tensor of ``shape``, or ``None`` when it goes dense."""
@@ -71,8 +80,12 @@ class PowerSGD(Compressor):
         n, m = shape[0], math.prod(shape[1:])
         return (n, m) if self.rank * (n + m) < n * m else None
 
+    def compressed(self, ctx: TensorContext) -> tuple[int, int] | None:
+        """The matrix view this step compresses the tensor of ``ctx`` in, or ``None`` for dense."""
+        return self.matrix(ctx.shape) if ctx.step >= self.start else None
+
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
-        if self.matrix(ctx.shape) is None:
+        if self.compressed(ctx) is None:
             return (yield from super().exchange(tensor, ctx))
         messages, matrix = self.compress(tensor, ctx)
         p = yield Round(messages)
@@ -83,7 +96,7 @@ class PowerSGD(Compressor):
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:
         """Round 1: ``P = M Q`` (or the tensor itself, where it goes dense)."""
-        shape = self.matrix(ctx.shape)
+        shape = self.compressed(ctx)
         if shape is None:
             return [Message(tensor, "average")], None
         ops = backend(tensor)
@@ -100,9 +113,9 @@ class PowerSGD(Compressor):
         return ops.uniform((m, self.rank), seeds.derive(self.seed, ctx.name, step, self.name), like) - 0.5
 
     def traceable(self) -> bool:
-        """With warm start (a graph holds ``Q``); without, each step draws from its step, which a
-        graph would freeze at its tracing."""
-        return self.warm_start
+        """With warm start and no dense ``start`` (a graph holds ``Q``); without warm start each step
+        draws from its step, and a dense start ends at a step, which a graph would freeze at its tracing."""
+        return self.warm_start and self.start == 0
 
     def held_state(self, record: PowerSGDState, like: Any, ctx: TensorContext) -> PowerSGDState:
         if record.q is None and self.matrix(ctx.shape) is not None:

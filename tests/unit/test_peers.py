@@ -67,6 +67,7 @@ def test_flag_round_trips_and_a_compressor_is_a_value_of_its_flag(flag):
     ("qsgd:levels=40000", "levels must be in 1..32767"),
     ("qsgd:bucket=0", "bucket must be >= 1 or none"),
     ("powersgd:rank=0", "rank must be >= 1, got 0"),
+    ("powersgd:start=-1", "start must be >= 0, got -1"),
     ("terngrad:levels=3", "unknown option(s) levels for 'terngrad'; valid: seed"),
     ("efsignsgd:ratio=0.1", "unknown option(s) ratio for 'efsignsgd'; valid: (none)"),
 ])
@@ -161,6 +162,20 @@ def test_powersgd_error_feedback_keeps_what_was_not_sent():
     estimate, _ = exchange_one(PowerSGD(rank=2), m, memory=memory)
     assert np.linalg.norm(estimate - m) > 0.5 * np.linalg.norm(m)  # full rank: far from exact
     np.testing.assert_allclose(estimate + memory.compensate("w", np.zeros_like(m)), m, atol=1e-6)
+
+
+def test_powersgd_averages_dense_and_keeps_no_residual_before_its_start_step():
+    m = np.random.default_rng(4).standard_normal((30, 20)).astype(np.float32)
+    compressor, memory, states = PowerSGD(rank=2, start=2), Memory(), StateTable()
+    for step in (0, 1):
+        estimate, rounds = exchange_one(compressor, m, step=step, memory=memory, states=states)
+        assert len(rounds) == 1 and rounds[0][0].tensor.shape == m.shape
+        np.testing.assert_array_equal(estimate, m)
+        np.testing.assert_array_equal(memory.compensate("w", np.zeros_like(m)), 0)
+    estimate, rounds = exchange_one(compressor, m, step=2, memory=memory, states=states)
+    assert [r[0].tensor.shape for r in rounds] == [(30, 2), (2, 20)]  # P, then Q^T
+    assert np.linalg.norm(estimate - m) > 0.5 * np.linalg.norm(m)
+    assert not compressor.traceable() and PowerSGD(rank=2).traceable()  # a graph would freeze its step
 
 
 def test_powersgd_warm_start_is_subspace_iteration():
