@@ -6,18 +6,26 @@ an entry, interleaved with the other entries of its cell). A figure is then a
 and the range ``low..high`` they cover. With k = 3 an interquartile range
 would be two of the three values; the full range is what the repeats showed.
 
-A ratio of two figures (a speed-up) is the ratio of their centres, spread from
-the extreme ratios: ``a.over(b)`` runs from ``a.low / b.high`` to
-``a.high / b.low``, so a target decided on the ratio's whole spread holds
-whichever repeats were the lucky ones. ``math.inf`` is a value like any other
-(a run that never reached a quality took forever); it prints as ``never``.
+A ratio of two figures (a speed-up) is the ratio of their centres. Its spread
+comes from pairs of repeats where both figures keep their rounds (step times:
+the entries of a cell run in rounds, A B C A B C, so the two runs of a round
+met the machine within minutes of each other): from the smallest to the largest
+ratio of one round's two runs, as ``farm-bench --vs`` times two commands pair
+by pair. A machine that drifts between rounds (its load, its mode) moves both
+runs of a round and leaves their ratio; a run that alone lands in a slow mode
+still widens the spread. Without rounds on both sides the spread is the
+extreme ratios: ``a.over(b)`` from ``a.low / b.high`` to ``a.high / b.low``.
+Either way a target decided on the ratio's whole spread holds whichever
+repeats were the lucky ones, and the ratio of the medians lies inside it.
+``math.inf`` is a value like any other (a run that never reached a quality took
+forever); it prints as ``never``.
 """
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, replace
+from typing import Hashable, Iterable, Mapping
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,8 @@ class Spread:
     low: float
     high: float
     n: int = 1
+    #: ``(round, value)`` of each repeat where the figure keeps its rounds (:meth:`by_round`)
+    rounds: tuple[tuple[Hashable, float], ...] = ()
 
     @classmethod
     def point(cls, value: float) -> "Spread":
@@ -40,13 +50,25 @@ class Spread:
         return cls(statistics.median(found), min(found), max(found), len(found)) if found else None
 
     @classmethod
+    def by_round(cls, values: Mapping[Hashable, float]) -> "Spread | None":
+        """The median of each round's value, keeping the rounds (any keys that order) for :meth:`over`
+        to pair."""
+        spread = cls.median(values.values())
+        return spread and replace(spread, rounds=tuple(sorted((r, float(v)) for r, v in values.items())))
+
+    @classmethod
     def mean(cls, values: Iterable[float | None]) -> "Spread | None":
         """The mean of the values that are not ``None`` (quality over seeds)."""
         found = [float(v) for v in values if v is not None]
         return cls(statistics.fmean(found), min(found), max(found), len(found)) if found else None
 
     def over(self, other: "Spread") -> "Spread":
-        """``self / other``: the ratio of the centres, spread from the extreme ratios."""
+        """``self / other``: the ratio of the centres, spread from the ratios of the rounds both
+        have (two at least), else from the extreme ratios."""
+        theirs = dict(other.rounds)
+        ratios = [_div(value, theirs[r]) for r, value in self.rounds if r in theirs]
+        if len(ratios) >= 2:
+            return Spread(_div(self.center, other.center), min(ratios), max(ratios), len(ratios))
         return Spread(_div(self.center, other.center), _div(self.low, other.high), _div(self.high, other.low),
                       min(self.n, other.n))
 

@@ -26,7 +26,8 @@ quality against training time, of bytes per step, of step time and of where it
 goes (stacked by part). Every
 figure is the median over the repeats with its range (min..max), quality the
 mean over them (seeds), a speed-up the ratio of medians spread from the
-extreme ratios (:mod:`hvdsketch.lab.bench.spread`); the plots draw the ranges
+ratios of the two entries' runs round by round (:mod:`hvdsketch.lab.bench.spread`;
+the extreme ratios where they share no rounds); the plots draw the ranges
 as error bars. Each repeat's step time is listed too, marked ``!`` where it is
 more than 10% from its entry's median (the machine in another mode), and each
 result keeps what the machine looked like during the run
@@ -123,6 +124,12 @@ class Result:
     record: dict[str, Any] | None = None
     repeat: int = 1
     machine_state: dict[str, Any] = field(default_factory=dict)  # watch.Watch's summary of the run
+    session: int | None = 0  # the bench command that ran it: 0 the first, k its k-th resume; None unknown
+
+    @property
+    def round(self) -> tuple[int, int] | None:
+        """The round it ran in: its repeat within its command (a resume runs its rounds anew)."""
+        return None if self.session is None else (self.session, self.repeat)
 
     @property
     def ok(self) -> bool:
@@ -139,11 +146,12 @@ def machine() -> dict[str, Any]:
             "memory_gib": round(mem_kb / 2**20, 1), "kernel": os.uname().release, "allocator": report.allocator()}
 
 
-def run_job(job: Job, out: Path, timeout: float, matrix: Matrix) -> Result:
+def run_job(job: Job, out: Path, timeout: float, matrix: Matrix, session: int = 0) -> Result:
     """Run one job under ``launch/cluster.sh``; its log and record stay in ``out/runs/KEY``."""
     entry = job.entry
     result = Result(job.key, job.workload.name, job.rate, job.ranks, job.label,
-                    entry.runner if entry else PROBE, "ok", load=[os.getloadavg()[0]], repeat=job.repeat)
+                    entry.runner if entry else PROBE, "ok", load=[os.getloadavg()[0]], repeat=job.repeat,
+                    session=session)
     if entry is not None and not entry.available:
         result.status, result.message = "unavailable", f"runner {entry.runner} is not in this checkout"
         return result
@@ -253,13 +261,29 @@ def _median(records: list[dict[str, Any]], value) -> Spread | None:
     return Spread.median(value(rec) for rec in records)
 
 
-def _alone(by_entry: dict[tuple[str, str, int, str], list[Result]], cell: tuple[str, str, int]) -> list[dict[str, Any]]:
-    """The records of the cell's entry that exchanges nothing (``path: local``, each rank alone): the
+def _steps(repeats: list[Result]) -> Spread | None:
+    """The median step over the repeats, each kept with its round where all know theirs: a speed-up
+    pairs the runs of a round."""
+    ok = [r for r in repeats if r.ok]
+    if any(r.round is None for r in ok):
+        return Spread.median(step_seconds(r.record) for r in ok)
+    return Spread.by_round({r.round: step_seconds(r.record) for r in ok})
+
+
+def earlier_results(earlier: dict[str, Any]) -> list[Result]:
+    """The results of an earlier ``bench.json``. Those written before results kept their command
+    (no ``session``) are its one command's where it resumed none, else of a command unknown."""
+    session = None if earlier.get("resumed") else 0
+    return [Result(**{"session": session, **r}) for r in earlier.get("results", [])]
+
+
+def _alone(by_entry: dict[tuple[str, str, int, str], list[Result]], cell: tuple[str, str, int]) -> list[Result]:
+    """The repeats of the cell's entry that exchanges nothing (``path: local``, each rank alone): the
     limit of a step's time, which every entry's step is a multiple of."""
     for (w, rate, n, _), repeats in by_entry.items():
         records = _records(repeats)
         if (w, rate, n) == cell and records and records[0].get("path") == "local":
-            return records
+            return repeats
     return []
 
 
@@ -303,7 +327,7 @@ def outcomes(results: list[Result], baseline: str) -> dict[tuple[str, str, int],
             q, up = long_runs.get((w, n, label), (None, up))
         t = reach.get((w, rate, n, label))
         cells.setdefault((w, rate, n), {})[label] = Outcome(
-            _median(records, step_seconds), q, up, probes.get((w, rate, n), {}).get(label),
+            _steps(repeats), q, up, probes.get((w, rate, n), {}).get(label),
             _median(records, _codec), _median(records, lambda rec: rec["bytes_sent_per_step"]),
             t.seconds if t else None, repeats[0].runner)
     return cells
@@ -323,7 +347,7 @@ def _status(repeats: list[Result]) -> str:
 def by_repeat(repeats: list[Result]) -> str:
     """Each repeat's median step (ms) in run order, ``!`` where it is more than :data:`OUTLIER` from
     the entry's median, ``-`` where the repeat failed."""
-    median = _median(_records(repeats), step_seconds)
+    median = _steps(repeats)
     cells = []
     for r in repeats:
         if not r.ok:
@@ -338,13 +362,14 @@ def outliers(results: list[Result]) -> list[Result]:
     """The repeats whose step time is more than :data:`OUTLIER` from their entry's median."""
     out = []
     for repeats in groups(results).values():
-        median = _median(_records(repeats), step_seconds)
+        median = _steps(repeats)
         out += [r for r in repeats if r.ok and abs(step_seconds(r.record) / median.center - 1) > OUTLIER]
     return out
 
 
 SPREADS = ("Each figure: the median over the repeats (min..max); quality the mean over them (min..max); "
-           "speed-up and vs columns: the ratio of medians (the extreme ratios). `by repeat`: each repeat's "
+           "speed-up and vs columns: the ratio of medians (from the smallest to the largest ratio of two runs "
+           "of one round, where both ran in the same rounds; else the extreme ratios). `by repeat`: each repeat's "
            f"median step in run order, `!` more than {OUTLIER:.0%} from the entry's median.")
 
 
@@ -364,10 +389,10 @@ def _training_rows(results: list[Result], baseline: str, verdicts: list[Verdict]
         if not records:
             rows.append(cell + ["-"] * 11 + [load, "-", target])
             continue
-        base = _records(by_entry.get((w, rate, n, baseline), []))
-        step, base_step = _median(records, step_seconds), _median(base, step_seconds)
-        alone = _median(_alone(by_entry, (w, rate, n)), step_seconds)
-        q, bq = _final(records)[0], _final(base)[0]
+        base = by_entry.get((w, rate, n, baseline), [])
+        step, base_step = _steps(repeats), _steps(base)
+        alone = _steps(_alone(by_entry, (w, rate, n)))
+        q, bq = _final(records)[0], _final(_records(base))[0]
         sent = _median(records, lambda rec: rec["bytes_sent_per_step"])
         saving = _median(records, lambda rec: rec["bytes_dense_per_step"] / rec["bytes_sent_per_step"]
                          if rec["bytes_sent_per_step"] else None)
@@ -575,7 +600,7 @@ def run(args: argparse.Namespace) -> int:
     earlier = json.loads((out / "bench.json").read_text()) if (args.resume or args.report_only) else {}
     if args.redo and not args.resume:
         raise SystemExit("hvdsketch bench train: --redo reruns part of an earlier bench.json; give --resume too")
-    others, kept = carried([Result(**r) for r in earlier.get("results", [])], jobs, args.report_only, args.redo)
+    others, kept = carried(earlier_results(earlier), jobs, args.report_only, args.redo)
     if args.report_only:
         results = [kept[j.key] for j in jobs if j.key in kept] + others
         meta = {k: v for k, v in earlier.items() if k not in ("results", "targets")}
@@ -600,7 +625,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"[{i}/{len(jobs)}] {job.key}: kept from the earlier run", flush=True)
                 continue
             print(f"[{i}/{len(jobs)} {_clock(time.time() - began)}] {job.key} ...", flush=True)
-            results.append(run_job(job, out, matrix.timeout_s, matrix))
+            results.append(run_job(job, out, matrix.timeout_s, matrix, len(meta.get("resumed", []))))
             r = results[-1]
             detail = (f"step {1e3 * step_seconds(r.record):.0f} ms" if r.ok and "step_s" in r.record
                       else r.message[:160] if not r.ok else "")
