@@ -300,7 +300,7 @@ def test_step_speed_ups_pair_the_runs_of_one_round_of_one_command():
 
     drift = {"dense": [0.10, 0.20, 0.11], "sketch": [0.05, 0.10, 0.055]}  # 2x faster in every round
     (found,) = [o["sketch"] for o in outcomes(cell(drift), "dense").values()]
-    assert found.step_s.rounds == ((0, 1), 0.05), ((0, 2), 0.10), ((0, 3), 0.055))
+    assert found.step_s.rounds == (((0, 1), 0.05), ((0, 2), 0.10), ((0, 3), 0.055))
     dense = outcomes(cell(drift), "dense")["fashion", "1gbit", 2]["dense"].step_s
     assert (dense.over(found.step_s).low, dense.over(found.step_s).high) == (pytest.approx(2), pytest.approx(2))
     # a run of another command (a resume) is in no round of this one's; results that do not say: unpaired
