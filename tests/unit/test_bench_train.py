@@ -276,19 +276,22 @@ def test_a_spread_is_the_median_and_a_ratio_spans_the_extreme_ratios():
 def test_a_ratio_of_figures_kept_by_round_spans_the_ratios_of_their_rounds():
     """The machine slows in round 2 for both entries: pair by pair B stays 1.1x A, where the extreme
     ratios would straddle 1 (and make "B slower than A" undecided)."""
-    a = Spread.by_round({(0, 1): 100.0, (0, 2): 200.0, (0, 3): 110.0})
-    b = Spread.by_round({(0, 1): 110.0, (0, 2): 220.0, (0, 3): 121.0})
+    times = [100.0, 200.0, 110.0, 105.0, 120.0]
+    a = Spread.by_round({(0, r): t for r, t in enumerate(times)})
+    b = Spread.by_round({(0, r): 1.1 * t for r, t in enumerate(times)})
     ratio = b.over(a)
-    assert (ratio.center, ratio.n) == (pytest.approx(1.1), 3)
+    assert (ratio.center, ratio.n) == (pytest.approx(1.1), 5)
     assert (ratio.low, ratio.high) == (pytest.approx(1.1), pytest.approx(1.1))
     assert judge(ratio, 1.0, at_most=False) == MET
-    assert judge(Spread.median([110.0, 220.0, 121.0]).over(Spread.median([100.0, 200.0, 110.0])), 1.0,
-                 at_most=False) == UNDECIDED  # the same runs without their rounds: 110 / 200 .. 220 / 100
-    # a run alone in a slow mode still widens the spread, and rounds only one side ran are not paired
-    slow = Spread.by_round({(0, 1): 110.0, (0, 2): 220.0, (0, 3): 242.0, (1, 1): 500.0})
-    assert (slow.over(a).low, slow.over(a).high, slow.over(a).n) == (pytest.approx(1.1), pytest.approx(2.2), 3)
-    once = Spread.by_round({(1, 1): 110.0})  # one shared round at most: the extreme ratios
-    assert once.over(a).low == pytest.approx(110 / 200) and once.over(a).n == 1
+    unpaired = Spread.median(1.1 * t for t in times).over(Spread.median(times))  # 110 / 200 .. 220 / 100
+    assert judge(unpaired, 1.0, at_most=False) == UNDECIDED
+    # a run alone in a slow mode still widens the spread
+    slow = Spread.by_round({**dict(b.rounds), (0, 4): 264.0})
+    assert (slow.over(a).low, slow.over(a).high) == (pytest.approx(1.1), pytest.approx(2.2))
+    # fewer than PAIRED rounds in common (another command's runs are not in them): the extreme ratios
+    four = Spread.by_round({**{r: v for r, v in b.rounds if r != (0, 4)}, (1, 4): 132.0})
+    assert four.over(a).low == pytest.approx(110 / 200)
+    assert Spread.median([1.1, 1.2]).over(Spread.median([1.0])).low == pytest.approx(1.1)
 
 
 def test_step_speed_ups_pair_the_runs_of_one_round_of_one_command():
@@ -298,14 +301,15 @@ def test_step_speed_ups_pair_the_runs_of_one_round_of_one_command():
                                     session=int(label == redone and r == 1))
                 for label, times in steps.items() for r, s in enumerate(times)]
 
-    drift = {"dense": [0.10, 0.20, 0.11], "sketch": [0.05, 0.10, 0.055]}  # 2x faster in every round
-    (found,) = [o["sketch"] for o in outcomes(cell(drift), "dense").values()]
-    assert found.step_s.rounds == (((0, 1), 0.05), ((0, 2), 0.10), ((0, 3), 0.055))
-    dense = outcomes(cell(drift), "dense")["fashion", "1gbit", 2]["dense"].step_s
-    assert (dense.over(found.step_s).low, dense.over(found.step_s).high) == (pytest.approx(2), pytest.approx(2))
-    # a run of another command (a resume) is in no round of this one's; results that do not say: unpaired
+    dense = [0.10, 0.20, 0.11, 0.10, 0.12]
+    drift = {"dense": dense, "sketch": [t / 2 for t in dense]}  # 2x faster in every round
+    cells = outcomes(cell(drift), "dense")["fashion", "1gbit", 2]
+    assert cells["sketch"].step_s.rounds[:2] == (((0, 1), 0.05), ((0, 2), 0.10))
+    ratio = cells["dense"].step_s.over(cells["sketch"].step_s)
+    assert (ratio.low, ratio.high, ratio.n) == (pytest.approx(2), pytest.approx(2), 5)
+    # a run of another command (a resume) is in no round of this one's: 4 pairs, too few to pair
     resumed = outcomes(cell(drift, redone="sketch"), "dense")["fashion", "1gbit", 2]
-    assert resumed["dense"].step_s.over(resumed["sketch"].step_s).n == 2  # rounds (0, 1) and (0, 3)
+    assert resumed["dense"].step_s.over(resumed["sketch"].step_s).low == pytest.approx(0.10 / 0.10)
     plain = {k: v for k, v in dataclasses.asdict(result("fashion", "dense", rec=record(0.1, 0.8))).items()
              if k != "session"}
     assert earlier_results({"results": [plain]})[0].round == (0, 1)  # one command made them all
@@ -464,7 +468,7 @@ def test_report_only_shows_spreads_marks_an_outlying_repeat_and_resumes_by_repea
     text = (out / "bench.md").read_text()
     rows = {line.split("|")[3].strip(): line for line in text.splitlines() if line.startswith("| 1gbit")}
     assert "| 3 ok |" in rows["sketch"] and " 510 (500..900) |" in rows["sketch"]  # median (min..max), ms
-    assert "1.96x (1.13..2)" in rows["sketch"]  # 1000/510 at the medians; round by round 1000/500, 1020/900, 980/510
+    assert "1.96x (1.09..2.04)" in rows["sketch"]  # 1000/510; 3 rounds, too few to pair: 980/900, 1020/500
     assert "| 500 900! 510 " in rows["sketch"] and "| 1000 1020 980 " in rows["dense"]
     assert "`fashion-1gbit-np2-sketch-r2`: 900 ms a step" in text and "4000 preemptions" in text
     assert "median over the repeats (min..max)" in text

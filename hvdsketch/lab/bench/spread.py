@@ -9,14 +9,18 @@ would be two of the three values; the full range is what the repeats showed.
 A ratio of two figures (a speed-up) is the ratio of their centres. Its spread
 comes from pairs of repeats where both figures keep their rounds (step times:
 the entries of a cell run in rounds, A B C A B C, so the two runs of a round
-met the machine within minutes of each other): from the smallest to the largest
-ratio of one round's two runs, as ``farm-bench --vs`` times two commands pair
-by pair. A machine that drifts between rounds (its load, its mode) moves both
-runs of a round and leaves their ratio; a run that alone lands in a slow mode
-still widens the spread. Without rounds on both sides the spread is the
-extreme ratios: ``a.over(b)`` from ``a.low / b.high`` to ``a.high / b.low``.
-Either way a target decided on the ratio's whole spread holds whichever
-repeats were the lucky ones, and the ratio of the medians lies inside it.
+met the machine within minutes of each other) in :data:`PAIRED` rounds at
+least: from the smallest to the largest ratio of one round's two runs, as
+``farm-bench --vs`` times two commands pair by pair. A machine that drifts
+between rounds (its load, its mode) moves both runs of a round and leaves their
+ratio; a run that alone lands in a slow mode still widens the spread. Otherwise
+the spread is the extreme ratios: ``a.over(b)`` from ``a.low / b.high`` to
+``a.high / b.low``. Either way a target decided on the ratio's whole spread
+holds whichever repeats were the lucky ones, and the ratio of the medians lies
+inside it. Where the two entries do not differ, all k pairs fall on one side by
+chance once in ``2^(k-1)`` (1 in 16 at 5 pairs), all 3 repeats of one entry
+beyond all 3 of the other once in 10: fewer than :data:`PAIRED` pairs would
+decide more easily than the extremes do.
 ``math.inf`` is a value like any other (a run that never reached a quality took
 forever); it prints as ``never``.
 """
@@ -26,6 +30,9 @@ import math
 import statistics
 from dataclasses import dataclass, replace
 from typing import Hashable, Iterable, Mapping
+
+#: The fewest rounds both figures of a ratio ran in for their pairs to spread it.
+PAIRED = 5
 
 
 @dataclass(frozen=True)
@@ -64,10 +71,10 @@ class Spread:
 
     def over(self, other: "Spread") -> "Spread":
         """``self / other``: the ratio of the centres, spread from the ratios of the rounds both
-        have (two at least), else from the extreme ratios."""
+        have (:data:`PAIRED` at least), else from the extreme ratios."""
         theirs = dict(other.rounds)
         ratios = [_div(value, theirs[r]) for r, value in self.rounds if r in theirs]
-        if len(ratios) >= 2:
+        if len(ratios) >= PAIRED:
             return Spread(_div(self.center, other.center), min(ratios), max(ratios), len(ratios))
         return Spread(_div(self.center, other.center), _div(self.low, other.high), _div(self.high, other.low),
                       min(self.n, other.n))

@@ -27,11 +27,11 @@ drop-in sketch              lstm,     1gbit  Horovod's optimizer (tape) with ``C
 
 Every figure is a :class:`~hvdsketch.lab.bench.spread.Spread` over the repeats
 of its entry, and a requirement is decided by one rule, :func:`judge`, on the
-whole spread of the figure it bounds (a ratio of step times spreads between
-the ratios of the two entries' runs in one round, others between the extreme
-ratios): **met** if even the least favourable repeats meet it (for "A at least
-5% faster than B": A against B in the round least favourable to A; without
-rounds, A's slowest repeat against B's fastest),
+whole spread of the figure it bounds (a ratio of step times from 5 rounds or
+more spreads between the ratios of the two entries' runs in one round, others
+between the extreme ratios): **met** if even the least favourable repeats meet
+it (for "A at least 5% faster than B": A against B in the round least favourable
+to A; without such rounds, A's slowest repeat against B's fastest),
 **MISSED** if even the most favourable ones miss it, **undecided** when the
 spread straddles the margin. A target of several requirements is met if all
 are, missed if any is, else undecided. A target whose runs failed, or whose

@@ -26,8 +26,8 @@ quality against training time, of bytes per step, of step time and of where it
 goes (stacked by part). Every
 figure is the median over the repeats with its range (min..max), quality the
 mean over them (seeds), a speed-up the ratio of medians spread from the
-ratios of the two entries' runs round by round (:mod:`hvdsketch.lab.bench.spread`;
-the extreme ratios where they share no rounds); the plots draw the ranges
+ratios of the two entries' runs round by round where they share 5 rounds or more
+(:mod:`hvdsketch.lab.bench.spread`; else the extreme ratios); the plots draw the ranges
 as error bars. Each repeat's step time is listed too, marked ``!`` where it is
 more than 10% from its entry's median (the machine in another mode), and each
 result keeps what the machine looked like during the run
@@ -66,7 +66,7 @@ from hvdsketch.lab import breakdown
 from hvdsketch.lab.bench import report
 from hvdsketch.lab.bench.matrix import PROBE, UNSHAPED, Job, Matrix
 from hvdsketch.lab.bench.quality import metric, step_seconds, times_to_target, wall_time_curves
-from hvdsketch.lab.bench.spread import Spread
+from hvdsketch.lab.bench.spread import PAIRED, Spread
 from hvdsketch.lab.bench.targets import Outcome, Verdict, evaluate
 from hvdsketch.lab.bench.watch import Watch
 from hvdsketch.policy.cost import parse_bandwidth
@@ -368,8 +368,9 @@ def outliers(results: list[Result]) -> list[Result]:
 
 
 SPREADS = ("Each figure: the median over the repeats (min..max); quality the mean over them (min..max); "
-           "speed-up and vs columns: the ratio of medians (from the smallest to the largest ratio of two runs "
-           "of one round, where both ran in the same rounds; else the extreme ratios). `by repeat`: each repeat's "
+           f"speed-up and vs columns: the ratio of medians (from the smallest to the largest ratio of two runs "
+           f"of one round, where both ran in the same {PAIRED} rounds or more; else the extreme ratios). "
+           "`by repeat`: each repeat's "
            f"median step in run order, `!` more than {OUTLIER:.0%} from the entry's median.")
 
 
