@@ -157,7 +157,8 @@ def test_targets_are_met_missed_or_not_measured():
         ("fasttext", "1gbit", 4): {"dense": Outcome(1.0, 0.5, True), "auto": Outcome(0.05, 0.498, True),
                                    "hvd-allgather": Outcome(0.06, 0.5, True),
                                    "sketch": Outcome(0.1, 0.49, True, codec_s=0.01),
-                                   "sketch-ef": Outcome(0.12, 0.5, True, codec_s=0.03)},
+                                   "sketch-ef": Outcome(0.12, 0.5, True, codec_s=0.03),
+                                   "ddp-hook-auto": Outcome(0.07, 0.5, True), "ddp-hook-auto-mpi": Outcome(0.05, 0.5, True)},
         ("fashion", "1gbit", 2): {"dense": Outcome(1.0, 0.8, True), "none": Outcome(None, None, True)},
     }
     ran = list(cells) + [("fashion", "1gbit", 4)]
@@ -171,6 +172,9 @@ def test_targets_are_met_missed_or_not_measured():
     assert verdicts["sketch-ef", "fasttext", 4, "sketch EF codec"].met is False  # 3x the sketch's codec
     assert verdicts["none", "fashion", 2, "hvdsketch none"].met is None  # the run failed
     assert verdicts["none", "fashion", 4, "hvdsketch none"].word == "not measured"  # nothing ran
+    assert verdicts["ddp-hook-auto", "fasttext", 4, "hook vs sparse allgather"].met is False  # 0.07 against 0.06
+    assert verdicts["ddp-hook-auto-mpi", "fasttext", 4, "hook vs sparse allgather"].met is True
+    assert verdicts["ddp-hook-auto", "lstm", 2, "hook vs DDP+PowerSGD"].word == "not measured"
 
 
 def test_time_to_target_picks_the_best_of_ours_against_every_other_entry():

@@ -1,4 +1,4 @@
-"""The targets of the benchmark (issues 12, 14, 15 and 21), decided on the spreads of the repeats of one run.
+"""The targets of the benchmark (issues 12, 14, 15, 21 and 25), decided on the spreads of the repeats of one run.
 
 Per cell (workload, link rate, ranks) a target compares its *subject* entry
 with a *baseline* entry of the same cell (dense Horovod unless it names another):
@@ -17,6 +17,10 @@ sketch EF codec             fasttext  1gbit  ``sketch-ef``'s codec time per step
 auto vs DDP+PowerSGD        lstm      1gbit  ``auto`` faster per step than ``ddp-powersgd``
 auto vs Horovod's fp16      lstm_tf   1gbit  hvdsketch's tape with ``auto`` faster per step than Horovod's tape
                                              with fp16
+hook vs DDP+PowerSGD        lstm      1gbit  hvdsketch's DDP hook with ``auto`` (:data:`HOOKS`) faster per step
+                                             than ``ddp-powersgd``
+hook vs sparse allgather    fasttext  1gbit  hvdsketch's DDP hook with ``auto`` no slower per step than Horovod's
+                                             sparse allgather
 hvdsketch none              fashion   1gbit  hvdsketch's optimizer with ``none`` at most 3% slower than Horovod's
 hvdsketch fp16              fashion   1gbit  hvdsketch's optimizer with fp16 at most 3% slower than Horovod's
 drop-in sketch              fashion   1gbit  Horovod's optimizer with ``Compression.sketch()`` at most 3% slower
@@ -52,6 +56,8 @@ RATE = "1gbit"
 OURS = ("sketch", "sketch-ef", "union", "allgather", "auto")
 #: The exact sparse methods.
 EXACT = ("union", "allgather", "hvd-allgather")
+#: hvdsketch's DDP hook with ``auto``: its messages over torch.distributed, and over hvdsketch's MPI layer.
+HOOKS = ("ddp-hook-auto", "ddp-hook-auto-mpi")
 
 MET, MISSED, UNDECIDED, UNMEASURED = "met", "MISSED", "undecided", "not measured"
 
@@ -259,6 +265,10 @@ TARGETS = (
            subject="auto", baseline="ddp-powersgd"),
     Target("auto vs Horovod's fp16", "lstm_tf", "faster than Horovod's tape with fp16", at(RATE), faster_by(1.0),
            subject="auto", baseline="fp16"),
+    *(Target("hook vs DDP+PowerSGD", "lstm", "faster than ddp-powersgd", at(RATE), faster_by(1.0), subject=hook,
+             baseline="ddp-powersgd") for hook in HOOKS),
+    *(Target("hook vs sparse allgather", "fasttext", "no slower than hvd-allgather", at(RATE), faster_by(1.0),
+             subject=hook, baseline="hvd-allgather") for hook in HOOKS),
     Target("hvdsketch none", "fashion", "<= 3% slower than Horovod's", at(RATE), slower_by_at_most(0.03),
            subject="none"),
     Target("hvdsketch fp16", "fashion", "<= 3% slower than Horovod's fp16", at(RATE), slower_by_at_most(0.03),
