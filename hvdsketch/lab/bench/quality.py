@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 from hvdsketch.lab.bench.matrix import UNSHAPED, declared_link
 from hvdsketch.lab.bench.spread import Spread
@@ -130,15 +130,21 @@ def _step_times(runs: Runs) -> dict[tuple[str, str, int, str], Spread]:
     return {key: Spread.median(values) for key, values in found.items()}
 
 
+def _joined(runs: Runs) -> Iterator[tuple[tuple[str, str, int, str], Spread, dict[tuple[str, int, str], list[Curve]]]]:
+    """Each shaped (workload, rate, ranks, label) with its step times and the unshaped curves that
+    speak for its rate (read once a rate)."""
+    steps = _step_times(runs)
+    by_rate = {rate: _curves(runs, rate) for _, rate, _, _ in steps}
+    for key, step in steps.items():
+        yield key, step, by_rate[key[1]]
+
+
 def times_to_target(runs: Runs, baseline: str) -> list[TimeToTarget]:
     """From ``(workload, rate, ranks, label, record)`` of successful runs (several per entry: its
     repeats): for every shaped cell and every entry with unshaped curves of the same workload and
     ranks, its time to the baseline's final unshaped quality from the same seed."""
     runs, out = list(runs), []
-    steps = _step_times(runs)
-    by_rate = {rate: _curves(runs, rate) for _, rate, _, _ in steps}
-    for (w, rate, n, label), step in steps.items():
-        curves = by_rate[rate]
+    for (w, rate, n, label), step, curves in _joined(runs):
         base, mine = curves.get((w, n, baseline)), curves.get((w, n, label))
         if not base or not mine:
             continue
@@ -161,10 +167,7 @@ def wall_time_curves(runs: Runs, workload: str) -> dict[str, dict[str, list[tupl
     ``(seconds, mean, lowest seed, highest seed)`` after each epoch."""
     runs = [r for r in runs if r[0] == workload]
     panels: dict[str, dict[str, list[tuple[float, ...]]]] = {}
-    steps = _step_times(runs)
-    by_rate = {rate: _curves(runs, rate) for _, rate, _, _ in steps}
-    for (_, rate, n, label), step in steps.items():
-        curves = by_rate[rate]
+    for (_, rate, n, label), step, curves in _joined(runs):
         if (workload, n, label) not in curves:
             continue
         seeds = [c.points for c in curves[(workload, n, label)]]

@@ -10,8 +10,8 @@ A ratio of two figures (a speed-up) is the ratio of their centres. Its spread
 comes from pairs of repeats where both figures keep their rounds (step times:
 the entries of a cell run in rounds, A B C A B C, so the two runs of a round
 met the machine within minutes of each other) in :data:`PAIRED` rounds at
-least: from the smallest to the largest ratio of one round's two runs, as
-``farm-bench --vs`` times two commands pair by pair. A machine that drifts
+least: from the smallest to the largest ratio of one round's two runs, as the
+exchange probe pairs its steps (:func:`hvdsketch.lab.bench.exchange.ratio`). A machine that drifts
 between rounds (its load, its mode) moves both runs of a round and leaves their
 ratio; a run that alone lands in a slow mode still widens the spread. Otherwise
 the spread is the extreme ratios: ``a.over(b)`` from ``a.low / b.high`` to

@@ -146,7 +146,7 @@ def machine() -> dict[str, Any]:
             "memory_gib": round(mem_kb / 2**20, 1), "kernel": os.uname().release, "allocator": report.allocator()}
 
 
-def run_job(job: Job, out: Path, timeout: float, matrix: Matrix, session: int = 0) -> Result:
+def run_job(job: Job, out: Path, timeout: float, matrix: Matrix, session: int) -> Result:
     """Run one job under ``launch/cluster.sh``; its log and record stay in ``out/runs/KEY``."""
     entry = job.entry
     result = Result(job.key, job.workload.name, job.rate, job.ranks, job.label,
