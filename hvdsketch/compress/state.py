@@ -91,60 +91,46 @@ def _fields(record: Any) -> dict[str, Any]:
     return {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if not f.metadata.get("scratch")}
 
 
-@dataclasses.dataclass
-class _Entry:
-    #: The compressor whose record this is; ``None`` for one loaded from a checkpoint and not yet met,
-    #: whose ``saved`` fields (numpy arrays, ints) wait for the compressor of ``flag``.
-    compressor: "Compressor | None"
-    record: Any = None
-    flag: str = ""
-    saved: Mapping[str, Any] | None = None
-    convert: Convert | None = None
-
-
 class StateTable:
     """Each tensor's state record, by name, with the compressor that made it."""
 
     def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, tuple["Compressor", Any]] = {}
 
     def get(self, name: str, compressor: "Compressor") -> Any:
         """The record ``compressor`` left for tensor ``name``, else its initial one (``None`` for a
         method without state)."""
-        entry = self._entries.get(name)
-        if entry is not None and entry.compressor is None and entry.flag == str(compressor):
-            fields = {key: _from_numpy(name, value, entry.convert) for key, value in entry.saved.items()}
-            entry.compressor, entry.record = compressor, compressor.State(**fields)
-        if entry is not None and entry.compressor == compressor:
-            return entry.record
-        return compressor.initial_state()
+        kept, record = self._entries.get(name, (None, None))
+        return record if kept == compressor else compressor.initial_state()
+
+    def _held(self, name: str, compressor: "Compressor") -> Any:
+        """Tensor ``name``'s record under ``compressor`` if a traced graph holds its arrays, else ``None``."""
+        kept, record = self._entries.get(name, (None, None))
+        return record if kept == compressor and record is not None and holds(_fields(record).values()) else None
 
     def hold(self, name: str, compressor: "Compressor", record: Any, ops: ModuleType) -> Any:
         """For a graph being traced: ``record`` (eager, tensor ``name``'s under ``compressor``) kept
         with its arrays :func:`holding`; the table's own where it holds them already."""
-        entry = self._entries.get(name)
-        if entry is not None and entry.compressor == compressor and holds(_fields(entry.record).values()):
-            return entry.record
-        record = dataclasses.replace(record, **holding(ops, _fields(record)))
-        self._entries[name] = _Entry(compressor, record)
-        return record
+        held = self._held(name, compressor)
+        if held is None:
+            held = dataclasses.replace(record, **holding(ops, _fields(record)))
+            self._entries[name] = compressor, held
+        return held
 
     def put(self, name: str, compressor: "Compressor", record: Any, traced: bool = False) -> None:
         """Keep ``record`` as tensor ``name``'s state under ``compressor``, its arrays written into
         the memory of a held record. ``traced``: ``record`` is a graph's being traced, of which only
         what is held is kept (written at each run)."""
-        entry = self._entries.get(name)
-        if (entry is not None and entry.compressor == compressor and record is not None
-                and holds(_fields(entry.record).values())):
-            fields = written(_fields(entry.record), _fields(record), f"tensor {name!r}'s {compressor} state")
-            if not traced:
-                entry.record = dataclasses.replace(record, **fields)
-        elif traced:
+        held = self._held(name, compressor)
+        if held is not None and record is not None:
+            record = dataclasses.replace(record, **written(_fields(held), _fields(record),
+                                                           f"tensor {name!r}'s {compressor} state"))
+        if traced:
             return
-        elif record is None:
-            self._entries.pop(name, None)
+        if record is None:
+            self.forget(name)
         else:
-            self._entries[name] = _Entry(compressor, record)
+            self._entries[name] = compressor, record
 
     def forget(self, name: str) -> None:
         """Drop tensor ``name``'s record: its compressor starts again from its initial state."""
@@ -156,36 +142,35 @@ class StateTable:
     def state_dict(self) -> dict[str, dict[str, Any]]:
         """Every record as ``{"compressor": flag, "state": {field: numpy array or int}}`` by name (a
         field that is ``None``, and a :func:`scratch` one, left out)."""
-        saved = {}
-        for name, entry in self._entries.items():
-            if entry.compressor is None:  # loaded, not met since: as it was saved
-                saved[name] = {"compressor": entry.flag, "state": dict(entry.saved)}
-                continue
-            saved[name] = {"compressor": str(entry.compressor),
-                           "state": {key: _to_numpy(value) for key, value in _fields(entry.record).items()
-                                     if value is not None}}
-        return saved
+        return {name: {"compressor": str(compressor),
+                       "state": {key: _to_numpy(value) for key, value in _fields(record).items() if value is not None}}
+                for name, (compressor, record) in self._entries.items()}
 
     def load_state_dict(self, saved: Mapping[str, Mapping[str, Any]], convert: Convert) -> None:
-        """Replace every record by :meth:`state_dict`'s. Each record is made when its tensor first
-        meets the compressor it was saved under (ints as ints, arrays through ``convert``); a tensor
-        that meets another starts afresh. A record a traced graph holds is written now, into its
+        """Replace every record by :meth:`state_dict`'s: each under the compressor of its flag, its
+        arrays through ``convert`` (ints as ints). A record a traced graph holds is written into its
         memory; raises ``ValueError`` (and loads nothing) where ``saved`` has none for it under the
-        same compressor, which the graph keeps."""
-        kept = {name: entry for name, entry in self._entries.items()
-                if entry.compressor is not None and holds(_fields(entry.record).values())}
-        lacking = sorted(name for name, entry in kept.items()
-                         if saved.get(name, {}).get("compressor") != str(entry.compressor))
+        compressor the graph keeps."""
+        from hvdsketch.compress import create
+
+        held = {name: (compressor, record) for name, (compressor, record) in self._entries.items()
+                if self._held(name, compressor) is not None}
+        lacking = sorted(name for name, (compressor, _) in held.items()
+                         if saved.get(name, {}).get("compressor") != str(compressor))
         if lacking:
             raise ValueError(f"hvdsketch: a traced graph keeps the state of {lacking} under its compressor, "
                              f"and this checkpoint has none for them under it; load it before the first "
                              f"traced step (or trace anew)")
-        self._entries = {name: _Entry(None, flag=entry["compressor"], saved=dict(entry["state"]), convert=convert)
-                         for name, entry in saved.items()}
-        for name, entry in kept.items():
-            loaded = self.get(name, entry.compressor)
-            self._entries[name] = entry
-            self.put(name, entry.compressor, loaded)
+        self._entries = {}
+        for name, entry in saved.items():
+            compressor = create(entry["compressor"])
+            fields = {key: value if isinstance(value, (int, float)) else convert(name, np.asarray(value))
+                      for key, value in entry["state"].items()}
+            self._entries[name] = compressor, compressor.State(**fields)
+        for name, (compressor, record) in held.items():
+            loaded = self._entries[name][1]
+            self._entries[name] = compressor, record
+            self.put(name, compressor, loaded)
 
 
 def _to_numpy(value: Any) -> Any:
@@ -193,7 +178,3 @@ def _to_numpy(value: Any) -> Any:
     if isinstance(value, (int, float)):
         return value
     return np.array(backend(value).to_numpy(value), copy=True)
-
-
-def _from_numpy(name: str, value: Any, convert: Convert) -> Any:
-    return value if isinstance(value, (int, float)) else convert(name, np.asarray(value))

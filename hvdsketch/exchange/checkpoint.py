@@ -1,51 +1,23 @@
-"""Checkpoints of every rank's state in one file, and what happens to that state when the world changes.
+"""Checkpoints of every rank's state in one file, and what becomes of that state when the world changes.
 
 Error-feedback residuals and some compressors' state (DGC's velocity, PowerSGD's
 residuals) differ on every rank, while Horovod users save on rank 0 only and, on
 resume, load that one file on every rank (or load it on rank 0 and broadcast).
 So a checkpoint carries every rank's :meth:`Exchanger.state_dict
-<hvdsketch.exchange.Exchanger.state_dict>`, gathered from all ranks::
+<hvdsketch.exchange.Exchanger.state_dict>`::
 
     {"format": 3, "world": N, "compression": "topk:ratio=0.05", "memory": "fp32",
      "ranks": [state of rank 0, ..., state of rank N - 1], "checksum": "<sha256 of the rest>"}
 
-and each rank resumes from its own entry; a damaged or edited entry (its
-:func:`checksum` no longer matches) or one of another format is a clear error
-on every rank that loads it. The functions here are written against the
-exchanger's communicator (an allgather of pickled bytes, counted apart from
-gradient bytes), so every framework's adapter uses them alike:
-
-- :func:`gather`: where every rank calls it between steps, every rank's state,
-  sent with the step tag in one round (:meth:`Exchanger.check_in
-  <hvdsketch.exchange.Exchanger.check_in>`). Where only some ranks do
-  (Horovod's habit, ``state_dict()`` inside ``if hvd.rank() == 0:``), it waits
-  for no one: the others' next step answers it at once, and whatever else they
-  do (a barrier, an allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS``
-  (10 s); the rank then warns and gets :func:`alone`'s checkpoint.
-- :func:`alone`: where a save cannot be collective (TensorFlow's ``checkpoint.save``
-  on rank 0 alone, whose ``tf.train.Checkpoint`` serializes as it saves), the
-  checkpoint of this rank's step, policy decisions and memory plan, with
-  ``"ranks": None``: no per-rank state, and no communication.
-- :func:`resolve`: the checkpoint's entries for this world. Another number of
-  ranks or another compression setup cannot resume the per-rank state exactly:
-  a ``ValueError`` unless the caller opts in to a reset (``reset_on_change``),
-  which starts every rank's residuals and compressors' state afresh, keeps the
-  step (and, for another number of ranks only, rank 0's policy decisions and
-  memory plan), and warns on rank 0 (:class:`StateReset`). A checkpoint
-  :func:`alone` resumes so too, warned, in a world of any size.
-- :func:`broadcast`: the root's entries to every rank (load on rank 0, then
-  broadcast).
-- :func:`join`: collective, where a world begins (the first step; Horovod
-  elastic's sync after workers were added or removed): checks that every rank
-  runs the same setup (:meth:`Exchanger.verify
-  <hvdsketch.exchange.Exchanger.verify>`) and is at the same step with state
-  made in a world of this size. Outside elastic a mismatch is an
-  :class:`~hvdsketch.exchange.agreement.AgreementError` (a checkpoint loaded on
-  some ranks only). In elastic (``elastic=True``) the world did change: every
-  rank drops its residuals and compressors' per-tensor state alike, takes the
-  step, the policy's decisions and the memory plan of the lowest rank that has
-  any, and rank 0 warns (:class:`StateReset`). A world of the same size whose
-  ranks all restored the same commit keeps its state.
+and each rank resumes from its own entry. An entry that is damaged, of another
+format, or made with another number of ranks or compression setup is a clear
+error on every rank that loads it, unless the caller opts in to starting the
+per-rank state afresh (``reset_on_change``, warned on rank 0: :class:`StateReset`).
+The functions are written against the exchanger's communicator (an allgather of
+pickled bytes, counted apart from gradient bytes), so every framework's adapter
+uses them alike: :func:`gather` and :func:`alone` save, :func:`resolve` and
+:func:`broadcast` load, and :func:`begin` / :func:`join` agree where a world
+begins (the first step; Horovod elastic's sync after workers were added or removed).
 """
 from __future__ import annotations
 
@@ -71,9 +43,7 @@ class StateReset(UserWarning):
     """hvdsketch's per-rank state (residuals, compressors' state) was started afresh on every rank."""
 
 
-def allgather_objects(exchanger: Exchanger, obj: Any, name: str, ops: Any) -> list[Any]:
-    """Every rank's ``obj`` (picklable), in rank order, under the exchanger's prefix
-    (:func:`hvdsketch.exchange.agreement.allgather_objects`)."""
+def _allgather(exchanger: Exchanger, obj: Any, name: str, ops: Any) -> list[Any]:
     return agreement.allgather_objects(exchanger.communicator, obj, f"{exchanger.prefix}.{name}", ops)
 
 
@@ -81,10 +51,20 @@ def _setup(exchanger: Exchanger) -> tuple[str, str | None]:
     return str(exchanger.policy), None if exchanger.memory is None else str(exchanger.memory)
 
 
+def _sealed(exchanger: Exchanger, ranks: list[Any] | None, **extra: Any) -> dict[str, Any]:
+    """The checkpoint of this setup with ``ranks``' states (and ``extra``), its checksum added."""
+    compression, memory = _setup(exchanger)
+    entry = {"format": FORMAT, "world": exchanger.communicator.size, "compression": compression,
+             "memory": memory, "ranks": ranks, **extra}
+    return {**entry, "checksum": checksum(entry)}
+
+
 def gather(exchanger: Exchanger, ops: Any) -> dict[str, Any]:
-    """The checkpoint of every rank's state, where every rank calls it between steps; where the others
-    do not (Horovod's habit: ``state_dict()`` on rank 0 alone), :func:`alone`'s, warned, without
-    waiting for them (:meth:`Exchanger.check_in <hvdsketch.exchange.Exchanger.check_in>`)."""
+    """The checkpoint of every rank's state, where every rank calls it between steps: sent with the
+    step tag in one round (:meth:`Exchanger.check_in <hvdsketch.exchange.Exchanger.check_in>`). Where
+    only this rank does (Horovod's habit: ``state_dict()`` inside ``if hvd.rank() == 0:``), it waits
+    for no one: the others' next step answers it at once, and whatever else they do (a barrier, an
+    allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS`` (10 s), warns and gives :func:`alone`'s."""
     mine = pickle.dumps(exchanger.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
     try:
         shares = exchanger.check_in(agreement.CHECKPOINT, mine, ops)
@@ -100,20 +80,14 @@ def gather(exchanger: Exchanger, ops: Any) -> dict[str, Any]:
                       f"state, which start afresh on every rank alike when it is loaded; {agreement.SAVE}",
                       stacklevel=3)
         return alone(exchanger)
-    compression, memory = _setup(exchanger)
-    return _sealed({"format": FORMAT, "world": exchanger.communicator.size, "compression": compression,
-                    "memory": memory, "ranks": [pickle.loads(share) for share in shares]})
+    return _sealed(exchanger, [pickle.loads(share) for share in shares])
 
 
 def alone(exchanger: Exchanger) -> dict[str, Any]:
-    """The checkpoint of this rank alone (no collective): no per-rank state; see the module docstring."""
-    compression, memory = _setup(exchanger)
-    return _sealed({"format": FORMAT, "world": exchanger.communicator.size, "compression": compression,
-                    "memory": memory, "ranks": None, "alone": afresh(exchanger.state_dict(residuals=False), keep_setup=True)})
-
-
-def _sealed(entry: dict[str, Any]) -> dict[str, Any]:
-    return {**entry, "checksum": checksum(entry)}
+    """The checkpoint of this rank alone, where a save cannot be collective (TensorFlow's
+    ``checkpoint.save`` on rank 0 alone, which serializes as it saves): this rank's step, policy
+    decisions and memory plan, with ``"ranks": None``; no rank's residuals, and no communication."""
+    return _sealed(exchanger, None, alone=afresh(exchanger.state_dict(residuals=False), keep_setup=True))
 
 
 def checksum(entry: Mapping[str, Any]) -> str:
@@ -176,7 +150,11 @@ def _warn(exchanger: Exchanger, message: str) -> None:
 
 
 def resolve(checkpoint: Mapping[str, Any], exchanger: Exchanger, reset_on_change: bool = False) -> list[dict[str, Any]]:
-    """The per-rank states of ``checkpoint`` for this world (one per rank); see the module docstring."""
+    """The per-rank states of ``checkpoint`` for this world (one per rank). Another number of ranks
+    or another compression setup cannot resume them exactly: a ``ValueError`` unless
+    ``reset_on_change``, which starts every rank's residuals and compressors' state afresh, keeps the
+    step (and, for another number of ranks only, rank 0's policy decisions and memory plan) and warns
+    on rank 0, as it does for a checkpoint :func:`alone`, in a world of any size."""
     checkpoint = _checked(checkpoint)
     size = exchanger.communicator.size
     compression, memory = _setup(exchanger)
@@ -207,7 +185,7 @@ def broadcast(exchanger: Exchanger, states: Sequence[Mapping[str, Any]] | None, 
     """This rank's entry of the root's ``states`` (what :func:`resolve` gave the root; other ranks'
     ``states`` are ignored), or ``None`` where the root has none: collective."""
     rank = exchanger.communicator.rank
-    chosen = allgather_objects(exchanger, states if rank == root else None, "broadcast", ops)[root]
+    chosen = _allgather(exchanger, states if rank == root else None, "broadcast", ops)[root]
     return None if chosen is None else chosen[rank]
 
 
@@ -230,11 +208,17 @@ def begin(exchanger: Exchanger, tensors: Callable[[], Sequence[agreement.Tensor]
 
 def join(exchanger: Exchanger, tensors: Sequence[agreement.Tensor], ops: Any,
          elastic: bool = False) -> None:
-    """Begin a world: collective; see the module docstring."""
+    """Begin a world (collective): every rank runs the same setup (:meth:`Exchanger.verify
+    <hvdsketch.exchange.Exchanger.verify>`) and is at the same step with state made in a world of
+    this size, or, outside elastic, an :class:`~hvdsketch.exchange.agreement.AgreementError` (a
+    checkpoint loaded on some ranks only). In elastic (``elastic``) the world did change: every rank
+    drops its residuals and compressors' state alike, takes the step, the policy's decisions and the
+    memory plan of the lowest rank that has any, and rank 0 warns. A world of the same size whose
+    ranks all restored the same commit keeps its state."""
     exchanger.verify(tensors, ops)
     size = exchanger.communicator.size
     mine = exchanger.state_dict(residuals=False)
-    everyone = allgather_objects(exchanger, mine, "join", ops)
+    everyone = _allgather(exchanger, mine, "join", ops)
     steps = [state["step"] for state in everyone]
     if len(set(steps)) == 1 and all(state["world"] in (None, size) for state in everyone):
         exchanger.world = size

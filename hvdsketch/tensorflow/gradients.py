@@ -1,7 +1,7 @@
-"""Horovod's gradient arguments in TensorFlow, shared by hvdsketch's tape and its tf-keras optimizer.
+"""The exchange of a list of TensorFlow gradients, shared by hvdsketch's tape and its tf-keras optimizer.
 
-:func:`gradient_exchange` checks Horovod's arguments as Horovod does and gives the
-:class:`GradientExchange` of one setup, the same object for the same arguments, since Horovod's
+:func:`gradient_exchange` gives the :class:`GradientExchange` of one setup (Horovod's arguments,
+checked by :mod:`hvdsketch.tensorflow.arguments`), the same object for the same arguments, since Horovod's
 tape is made anew every step while the exchanger's state (the step, the policy's decisions, the
 compressors' per-tensor state, the residuals) must last. A :class:`GradientExchange` exchanges the
 gradients of a list of variables: each through the exchanger under the variable's name; a
@@ -41,48 +41,13 @@ from hvdsketch.digests import digest
 from hvdsketch.exchange import Exchanger, agreement, checkpoint
 from hvdsketch.exchange.report import report_of
 from hvdsketch.ops import tensorflow as tf_ops
+from hvdsketch.tensorflow.arguments import index_groups, names_of, start_together
 
 _exchanges: dict[tuple, "GradientExchange"] = {}  # setup -> the one exchange the tapes of that setup share
 _made: dict[str, int] = {}  # setup -> exchanges of it made so far in this process
 #: Called with each tape's exchange as it is made (a restored checkpoint gives it its state); held
 #: weakly, so that a state the script has dropped stops listening.
 on_new_tape: list[weakref.WeakMethod] = []
-
-
-def reduction_of(hvd: Any, op: Any, gradient_predivide_factor: float) -> str:
-    """``"average"``, ``"sum"`` or ``"adasum"`` for Horovod's ``op``, checked as Horovod checks it."""
-    op = hvd.Average if op is None else op
-    names = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum"}
-    if op not in names:
-        raise ValueError(f"hvdsketch: op must be hvd.Average, hvd.Sum or hvd.Adasum, got {op!r}")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    return names[op]
-
-
-def groups_of(num_groups: int, groups: Any) -> Any:
-    """Horovod's ``groups`` (``num_groups`` is its deprecated name), checked as Horovod checks it."""
-    if num_groups:
-        import warnings
-
-        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
-        groups = num_groups if groups is None else groups
-    if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
-        raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
-    if isinstance(groups, list) and not all(isinstance(g, (list, tuple)) and all(isinstance(v, tf.Variable) for v in g)
-                                            for g in groups):
-        raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
-    return groups
-
-
-def adasum_refusal(compression: Any, memory: Any) -> str | None:
-    """Why Adasum cannot run with this compression (``None``: it can, as Horovod's own)."""
-    policy = _policy.create(compression)
-    if str(policy) == "none" and memory is None:
-        return None
-    return (f"hvdsketch: op=hvd.Adasum combines the ranks' updates non-linearly, so it cannot combine compressed "
-            f"messages ({policy}{', memory ' + str(memory) if memory is not None else ''}); use compression='none' "
-            f"without memory for Adasum, or op=hvd.Average")
 
 
 @tf.autograph.experimental.do_not_convert  # called where a tape is made, inside tf.function too: plain Python
@@ -165,7 +130,7 @@ class GradientExchange:
         grads = list(grads)
         if not exchanger.communicator.process_set.included():  # as in Horovod: outside the set, local gradients
             return grads
-        names = _names(sources, generic_names)
+        names = names_of(sources, generic_names)
         shapes = [tuple(int(d) for d in s.shape) for s in sources]
         shared = [i for i, s in enumerate(sources) if s.ref() not in local]
 
@@ -180,8 +145,8 @@ class GradientExchange:
                 grads[i] = _zeros_like(sources[i])
         inputs = {names[i]: _as_hvdsketch(grads[i]) for i in shared}
         self._decide_if_traced(inputs, shapes, shared)
-        for group in _index_groups(groups, sources, shared):
-            _start_together(grads, group)
+        for group in index_groups(groups, sources, shared):
+            start_together(grads, group)
             inputs.update({names[i]: _as_hvdsketch(grads[i]) for i in group})
         self._devices = {names[i]: self.device_sparse if isinstance(grads[i], tf.IndexedSlices) else self.device_dense
                          for i in shared}
@@ -335,49 +300,6 @@ def _described(sources: Sequence[Any], names: list[str], shapes: list[tuple[int,
             for i, source in enumerate(sources)]
 
 
-def _names(sources: Sequence[Any], generic: bool) -> list[str]:
-    """Each source's name (``grad_{i}`` with Horovod's ``use_generic_names``), made unique."""
-    names: list[str] = []
-    for i, source in enumerate(sources):
-        name = f"grad_{i}" if generic else getattr(source, "name", f"source.{i}").removesuffix(":0")
-        names.append(name if name not in names else f"{name}.{i}")
-    return names
-
-
-def _index_groups(groups: Any, sources: Sequence[Any], present: list[int]) -> list[list[int]]:
-    """Horovod's groups as lists of positions in ``sources``: an int splits the present gradients,
-    in order, into that many parts; lists of variables group those (matched by name, as Horovod)."""
-    if groups is None:
-        return []
-    if isinstance(groups, int):
-        return [list(part) for part in _split(present, groups) if part]
-    by_name = {sources[i].name: i for i in present}
-    return [[by_name[v.name] for v in group if v.name in by_name] for group in groups]
-
-
-def _split(items: list[int], parts: int) -> list[list[int]]:
-    size, extra = divmod(len(items), parts)
-    bounds = [i * size + min(i, extra) for i in range(parts + 1)]
-    return [items[bounds[i]:bounds[i + 1]] for i in range(parts)]
-
-
-def _start_together(grads: list[Any], group: list[int]) -> None:
-    """Inside ``tf.function``: every gradient of the group passes on only once all are computed
-    (eagerly they all exist already)."""
-    if len(group) < 2 or tf.executing_eagerly():
-        return
-    ready = [grads[i].values if isinstance(grads[i], tf.IndexedSlices) else grads[i] for i in group]
-    with tf.control_dependencies(ready):
-        for i in group:
-            grads[i] = _mapped(grads[i], tf.identity)
-
-
-def _mapped(grad: Any, fn: Callable[[Any], Any]) -> Any:
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(fn(grad.values), fn(grad.indices), grad.dense_shape)
-    return fn(grad)
-
-
 def _scaled(grad: Any, factor: float) -> Any:
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
@@ -430,4 +352,4 @@ def _as_tf(averaged: Any) -> Any:
     return averaged
 
 
-__all__ = ["GradientExchange", "gradient_exchange", "reduction_of", "groups_of", "adasum_refusal"]
+__all__ = ["GradientExchange", "gradient_exchange"]

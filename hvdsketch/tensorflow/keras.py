@@ -33,7 +33,8 @@ from typing import Any
 import tensorflow as tf
 
 from hvdsketch.policy.flag import unwrapped
-from hvdsketch.tensorflow.gradients import GradientExchange, gradient_exchange, groups_of, reduction_of
+from hvdsketch.tensorflow.arguments import groups_of, reduction_of
+from hvdsketch.tensorflow.gradients import GradientExchange, gradient_exchange
 from hvdsketch.tensorflow.state import ExchangeState
 
 class _Aggregation:

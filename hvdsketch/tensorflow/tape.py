@@ -32,8 +32,8 @@ import tensorflow as tf
 from hvdsketch.compress import Compressor
 from hvdsketch.policy import Policy
 from hvdsketch.policy.flag import unwrapped
-from hvdsketch.tensorflow.gradients import (GradientExchange, adasum_refusal, gradient_exchange,
-                                            groups_of, reduction_of)
+from hvdsketch.tensorflow.arguments import adasum_refusal, groups_of, reduction_of
+from hvdsketch.tensorflow.gradients import GradientExchange, gradient_exchange
 
 
 class _DistributedGradientTape(tf.GradientTape):

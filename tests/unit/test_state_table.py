@@ -21,7 +21,7 @@ def test_a_checkpoint_of_the_table_restores_each_record_under_its_compressor():
     assert saved["w"]["compressor"] == "powersgd:rank=2" and isinstance(saved["w"]["state"]["q"], np.ndarray)
     restored = StateTable()
     restored.load_state_dict(saved, lambda name, array: torch.from_numpy(array))
-    # not met yet: saved as it was loaded, numpy and all
+    # saved again as it was loaded
     assert restored.state_dict()["w"]["compressor"] == "powersgd:rank=2"
     np.testing.assert_array_equal(restored.state_dict()["w"]["state"]["q"], saved["w"]["state"]["q"])
     q = restored.get("w", create("powersgd:rank=2")).q
