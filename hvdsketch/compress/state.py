@@ -146,13 +146,12 @@ class StateTable:
                        "state": {key: _to_numpy(value) for key, value in _fields(record).items() if value is not None}}
                 for name, (compressor, record) in self._entries.items()}
 
-    def load_state_dict(self, saved: Mapping[str, Mapping[str, Any]], convert: Convert) -> None:
-        """Replace every record by :meth:`state_dict`'s: each under the compressor of its flag, its
-        arrays through ``convert`` (ints as ints). A record a traced graph holds is written into its
-        memory; raises ``ValueError`` (and loads nothing) where ``saved`` has none for it under the
-        compressor the graph keeps."""
-        from hvdsketch.compress import create
-
+    def load_state_dict(self, saved: Mapping[str, Mapping[str, Any]], convert: Convert,
+                        create: Callable[[str], "Compressor"]) -> None:
+        """Replace every record by :meth:`state_dict`'s: each under the compressor ``create`` makes
+        of its flag, its arrays through ``convert`` (ints as ints). A record a traced graph holds is
+        written into its memory; raises ``ValueError`` (and loads nothing) where ``saved`` has none
+        for it under the compressor the graph keeps."""
         held = {name: (compressor, record) for name, (compressor, record) in self._entries.items()
                 if self._held(name, compressor) is not None}
         lacking = sorted(name for name, (compressor, _) in held.items()

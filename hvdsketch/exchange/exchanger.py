@@ -370,7 +370,7 @@ class Exchanger:
         self.world = state.get("world")
         if state.get("policy") is not None:
             self.policy.load_state_dict(state["policy"])
-        self.states.load_state_dict(state.get("states") or {}, convert)
+        self.states.load_state_dict(state.get("states") or {}, convert, create)
         for memory, key in ((self.memory, "memory"), (self.own_memory, "own_memory")):
             if memory is not None:
                 memory.load_state_dict(state.get(key) or memory.state_dict(residuals=False))

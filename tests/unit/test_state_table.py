@@ -20,7 +20,7 @@ def test_a_checkpoint_of_the_table_restores_each_record_under_its_compressor():
     saved = table.state_dict()
     assert saved["w"]["compressor"] == "powersgd:rank=2" and isinstance(saved["w"]["state"]["q"], np.ndarray)
     restored = StateTable()
-    restored.load_state_dict(saved, lambda name, array: torch.from_numpy(array))
+    restored.load_state_dict(saved, lambda name, array: torch.from_numpy(array), create)
     # saved again as it was loaded
     assert restored.state_dict()["w"]["compressor"] == "powersgd:rank=2"
     np.testing.assert_array_equal(restored.state_dict()["w"]["state"]["q"], saved["w"]["state"]["q"])
@@ -36,7 +36,7 @@ def test_a_tensor_that_meets_another_compressor_starts_afresh_and_counters_stay_
     assert table.get("w", create("powersgd")).q is None
     assert table.get("v", create("sketch:error=0.5")).level is None  # another tensor
     restored = StateTable()
-    restored.load_state_dict(table.state_dict(), lambda name, array: torch.from_numpy(array))
+    restored.load_state_dict(table.state_dict(), lambda name, array: torch.from_numpy(array), create)
     assert restored.get("w", create("sketch:error=0.5")).level == level
 
 

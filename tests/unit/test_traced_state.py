@@ -32,7 +32,7 @@ class Run:
         return self.table.state_dict(), self.memory.state_dict()
 
     def load(self, saved: tuple[dict, dict]) -> None:
-        self.table.load_state_dict(saved[0], lambda name, array: tf.constant(array))
+        self.table.load_state_dict(saved[0], lambda name, array: tf.constant(array), create)
         self.memory.load_state_dict(saved[1])
 
 
@@ -79,7 +79,7 @@ def test_a_checkpoint_without_a_record_the_graph_holds_is_refused_whole():
     run(INPUTS[:1])
     before = run.saved()
     with pytest.raises(ValueError, match="traced graph keeps the state of \\['w'\\]"):
-        run.table.load_state_dict({}, lambda name, array: tf.constant(array))
+        run.table.load_state_dict({}, lambda name, array: tf.constant(array), create)
     np.testing.assert_array_equal(run.saved()[0]["w"]["state"]["q"], before[0]["w"]["state"]["q"])
     assert run(INPUTS[1:2])  # and the graph still runs
 
