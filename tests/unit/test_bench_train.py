@@ -253,6 +253,23 @@ def test_resume_keeps_what_succeeded_and_everything_outside_the_selection(bench_
     assert ordered([unshaped, elsewhere, probe, broke, done], matrix) == [done, broke, probe, elsewhere, unshaped]
 
 
+def test_the_estimate_prices_an_untimed_entry_at_its_cells_median_run(bench_config, tmp_path):
+    jobs = Matrix.load(bench_config).select(workloads=["fashion"], rates=["1gbit"], ranks=[2, 4], repeats=1).jobs()
+    steps = 2 * 30  # fashion: epochs x steps per epoch
+
+    def run(label, seconds, ranks=2, status="ok"):
+        return {"workload": "fashion", "rate": "1gbit", "ranks": ranks, "label": label, "status": status,
+                "record": {"steps": steps}, "seconds": seconds}
+
+    earlier = tmp_path / "bench.json"
+    earlier.write_text(json.dumps({"results": [run("dense", 100), run("dense", 140), run("dense", 120),
+                                               run("other", 60), run("sketch", 1, status="failed")]}))
+    said = train.estimate([j for j in jobs if j.entry is not None], earlier)
+    # np2: dense at its own median (120), sketch at the cell's (110, of 60, 100, 120, 140); np4: never timed
+    assert said.startswith("4 runs; about 00:03:50 (h:m:s)")
+    assert "1 of them at their cell's median run, 2 of them in no cell timed there" in said
+
+
 def test_a_failed_run_is_explained_by_its_exception():
     log = ("Traceback (most recent call last):\n  File x\nFloatingPointError: gradient 'w' is NaN\n"
            "FloatingPointError: gradient 'w' is NaN\n-----\nmpirun detected that one or more processes exited\n")

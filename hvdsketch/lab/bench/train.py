@@ -657,19 +657,29 @@ def probe_notice(matrix: Matrix, jobs: list[Job]) -> str:
 
 
 def estimate(jobs: list[Job], earlier: Path) -> str:
-    """How long ``jobs`` take by the run times of the same cells, entries and steps in ``earlier``."""
+    """How long ``jobs`` take by the run times of the same cells, entries and steps in ``earlier``; a
+    job whose entry was not timed there at the median run of its cell (workload, rate, ranks, steps)."""
     if not earlier.exists():
         return f"{len(jobs)} runs; no {earlier} to estimate their time from"
-    seconds: dict[tuple[str, str, int, str, int | None], list[float]] = {}
+    seconds: dict[tuple[str, str, int, int | None, str], list[float]] = {}
     for r in json.loads(earlier.read_text()).get("results", []):
         if r["status"] == "ok":
-            key = (r["workload"], r["rate"], r["ranks"], r["label"], r["record"].get("steps"))
+            key = (r["workload"], r["rate"], r["ranks"], r["record"].get("steps"), r["label"])
             seconds.setdefault(key, []).append(r["seconds"])
-    known = [statistics.median(seconds[key]) for j in jobs
-             if (key := (j.workload.name, j.rate, j.ranks, j.label,
-                         j.workload.probe_steps if j.entry is None else math.prod(j.workload.budget(j.rate)))) in seconds]
-    return (f"{len(jobs)} runs; about {_clock(sum(known))} (h:m:s) by the run times in {earlier}"
-            + (f", {len(jobs) - len(known)} of them not timed there" if len(known) < len(jobs) else ""))
+    cells: dict[tuple[str, str, int, int | None], list[float]] = {}
+    for key, times in seconds.items():
+        cells.setdefault(key[:4], []).extend(times)
+    priced, by_cell, unknown = 0.0, 0, 0
+    for j in jobs:
+        cell = (j.workload.name, j.rate, j.ranks,
+                j.workload.probe_steps if j.entry is None else math.prod(j.workload.budget(j.rate)))
+        times = seconds.get((*cell, j.label)) or cells.get(cell)
+        by_cell += (*cell, j.label) not in seconds and times is not None
+        unknown += times is None
+        priced += statistics.median(times) if times else 0.0
+    return (f"{len(jobs)} runs; about {_clock(priced)} (h:m:s) by the run times in {earlier}"
+            + (f", {by_cell} of them at their cell's median run" if by_cell else "")
+            + (f", {unknown} of them in no cell timed there" if unknown else ""))
 
 
 def _clock(seconds: float) -> str:
