@@ -240,6 +240,16 @@ def test_report_has_every_run_failures_included_and_plots(tmp_path):
     assert all(p.stat().st_size > 1000 for p in written)
 
 
+def test_a_mean_rounded_past_its_equal_repeats_still_plots(tmp_path):
+    accuracy = 0.7638  # three deterministic repeats alike; their mean rounds a hair above them
+    mean = sum([accuracy] * 3) / 3
+    assert mean > accuracy
+    path = tmp_path / "quality.png"
+    report.line_plot({"1gbit, 2 ranks": {"auto": [(1.0, mean, accuracy, accuracy), (2.0, 0.6, 0.5, 0.7)]}},
+                     str(path), "quality", "wall time (s)", "accuracy", log="x")
+    assert path.stat().st_size > 1000
+
+
 def test_resume_keeps_what_succeeded_and_everything_outside_the_selection(bench_config):
     jobs = Matrix.load(bench_config).select(workloads=["fashion"], rates=["1gbit"], ranks=[2]).jobs()
     done, broke, elsewhere = (result("fashion", jobs[0].label), result("fashion", jobs[1].label, status="failed"),

@@ -25,10 +25,11 @@ def allocator() -> str:
 
 
 def _errors(ys: Sequence[float], bounds: Sequence[tuple[float, ...]]) -> list[list[float]] | None:
-    """matplotlib's ``yerr`` (distances below and above) from ``(low, high)`` pairs, if any were given."""
+    """matplotlib's ``yerr`` (distances below and above) from ``(low, high)`` pairs, if any were given;
+    never below zero (the mean of equal repeats can round past them: fastText's, deterministic)."""
     if not bounds or any(len(b) != 2 for b in bounds):
         return None
-    return [[y - b[0] for y, b in zip(ys, bounds)], [b[1] - y for y, b in zip(ys, bounds)]]
+    return [[max(y - b[0], 0.0) for y, b in zip(ys, bounds)], [max(b[1] - y, 0.0) for y, b in zip(ys, bounds)]]
 
 
 def markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
