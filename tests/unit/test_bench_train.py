@@ -451,6 +451,9 @@ def test_unshaped_runs_of_auto_decide_for_the_shaped_link_and_join_only_its_time
             flags[job.rate, job.label] = yaml.safe_load((tmp_path / job.key / "config.yaml").read_text())["compression"]
     assert flags["none", "auto"] == "auto:bandwidth=1gbit,warmup=2" and flags["1gbit", "auto"] == "auto:warmup=2"
     assert flags["none", "fixed"] == "auto:bandwidth=10gbit" and flags["none", "sketch"] == "sketch"
+    alone = [job for job in Matrix.load(config).select(rates=["none"]).jobs() if job.label == "auto"]
+    alone[0].command(tmp_path / "alone", [])  # the unshaped cell run by itself (--rates none): the same link
+    assert yaml.safe_load((tmp_path / "alone" / "config.yaml").read_text())["compression"] == flags["none", "auto"]
 
     def run(label, rate, compression):
         return ("lstm", rate, 2, label, {**record(0.1, 200.0), "config": {"compression": compression}})

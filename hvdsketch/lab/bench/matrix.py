@@ -243,6 +243,9 @@ class Matrix:
     repeats: int = 3
     #: the baseline's entry where a selection left it out: the probes still time it (untrained)
     probe_baseline: Entry | None = None
+    #: the rates of the config, where a selection runs fewer: an unshaped cell run alone (``--rates
+    #: none``) still decides for the shaped rate whose step times the report joins to it
+    configured_rates: tuple[str, ...] | None = None
 
     @classmethod
     def load(cls, path: str, quick: bool = False) -> "Matrix":
@@ -303,7 +306,8 @@ class Matrix:
             entries=kept, rates=tuple(rates) if rates else self.rates, ranks=tuple(ranks) if ranks else self.ranks,
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
             repeats=self.repeats if repeats is None else repeats,
-            probe_baseline=self.probe_baseline if base is None or base in kept else base)
+            probe_baseline=self.probe_baseline if base is None or base in kept else base,
+            configured_rates=self.configured_rates or self.rates)
 
     def for_workload(self, name: str) -> list[Entry]:
         return [e for e in self.entries if e.workloads is None or name in e.workloads]
@@ -319,14 +323,16 @@ class Matrix:
     def jobs(self) -> list[Job]:
         """Cell by cell (workload, rate, ranks), in ``repeats`` rounds: each round every entry of the
         cell once, then its probe (on shaped links), so repeats interleave (A B C A B C ...). An
-        unshaped run's ``auto`` decides for the cell's first shaped rate (its step times')."""
+        unshaped run's ``auto`` decides for the cell's first shaped rate (its step times'), a rate
+        of the config's where the selection runs none."""
         out = []
         for w in self.workloads:
             for rate in self.rates:
                 for n in self.ranks:
                     if not w.runs_in(rate, n):
                         continue
-                    shaped = next((r for r in self.rates if r != UNSHAPED and w.runs_in(r, n)), None)
+                    shaped = next((r for r in self.configured_rates or self.rates
+                                   if r != UNSHAPED and w.runs_in(r, n)), None)
                     link = shaped if rate == UNSHAPED else None
                     for repeat in range(1, self.repeats + 1):
                         out += [Job(w, rate, n, e, repeat, link) for e in self.for_workload(w.name)]
