@@ -243,8 +243,8 @@ class Matrix:
     repeats: int = 3
     #: the baseline's entry where a selection left it out: the probes still time it (untrained)
     probe_baseline: Entry | None = None
-    #: the rates of the config, where a selection runs fewer: an unshaped cell run alone (``--rates
-    #: none``) still decides for the shaped rate whose step times the report joins to it
+    #: the rates of the config (``rates`` unless given), kept by a selection that runs fewer: an unshaped
+    #: cell run alone (``--rates none``) still decides for the shaped rate whose step times the report joins
     configured_rates: tuple[str, ...] | None = None
 
     @classmethod
@@ -269,6 +269,8 @@ class Matrix:
         return matrix.select(**quick_raw) if quick else matrix
 
     def __post_init__(self) -> None:
+        if self.configured_rates is None:
+            object.__setattr__(self, "configured_rates", self.rates)
         if not self.entries:
             raise SpecError("a bench config needs entries")
         for w in self.workloads:
@@ -306,8 +308,7 @@ class Matrix:
             entries=kept, rates=tuple(rates) if rates else self.rates, ranks=tuple(ranks) if ranks else self.ranks,
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
             repeats=self.repeats if repeats is None else repeats,
-            probe_baseline=self.probe_baseline if base is None or base in kept else base,
-            configured_rates=self.configured_rates or self.rates)
+            probe_baseline=self.probe_baseline if base is None or base in kept else base)
 
     def for_workload(self, name: str) -> list[Entry]:
         return [e for e in self.entries if e.workloads is None or name in e.workloads]
@@ -331,8 +332,7 @@ class Matrix:
                 for n in self.ranks:
                     if not w.runs_in(rate, n):
                         continue
-                    shaped = next((r for r in self.configured_rates or self.rates
-                                   if r != UNSHAPED and w.runs_in(r, n)), None)
+                    shaped = next((r for r in self.configured_rates if r != UNSHAPED and w.runs_in(r, n)), None)
                     link = shaped if rate == UNSHAPED else None
                     for repeat in range(1, self.repeats + 1):
                         out += [Job(w, rate, n, e, repeat, link) for e in self.for_workload(w.name)]
