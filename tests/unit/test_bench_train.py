@@ -250,6 +250,14 @@ def test_a_mean_rounded_past_its_equal_repeats_still_plots(tmp_path):
     assert path.stat().st_size > 1000
 
 
+def test_every_entry_of_a_plot_looks_different():
+    labels = [f"entry{i}" for i in range(15)]  # a workload's entries: more than matplotlib's ten colours
+    look = report.looks(labels + labels[:3])
+    assert list(look) == labels
+    for kind in ("marker", "linestyle", "hatch"):
+        assert len({(look[label]["color"], str(look[label][kind])) for label in labels}) == 15
+
+
 def test_resume_keeps_what_succeeded_and_everything_outside_the_selection(bench_config):
     jobs = Matrix.load(bench_config).select(workloads=["fashion"], rates=["1gbit"], ranks=[2]).jobs()
     done, broke, elsewhere = (result("fashion", jobs[0].label), result("fashion", jobs[1].label, status="failed"),

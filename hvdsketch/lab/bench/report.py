@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 Series = dict[str, list[tuple[float, ...]]]  # (x, y) or (x, y, low, high)
 
@@ -106,17 +106,31 @@ def _save(fig, path: str) -> None:
     plt.close(fig)
 
 
+#: How the labels past matplotlib's ten colours differ: by marker and line (lines), by hatch (bars).
+_MARKERS, _LINES, _HATCHES = "os^Dv", ("-", "--", ":", "-.", (0, (1, 3))), ("", "//", "..", "xx", "\\\\")
+
+
+def looks(labels: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """A look per label, distinct for every label and the same in every panel it is drawn in: its
+    colour (``"color"``, matplotlib's ten in turn) and, for each further ten labels, another
+    ``"marker"`` and ``"linestyle"`` for a line and ``"hatch"`` for a bar."""
+    return {label: {"color": f"C{i % 10}", "marker": _MARKERS[i // 10 % 5], "linestyle": _LINES[i // 10 % 5],
+                    "hatch": _HATCHES[i // 10 % 5]}
+            for i, label in enumerate(dict.fromkeys(labels))}
+
+
 def line_plot(panels: dict[str, Series], path: str, title: str, xlabel: str, ylabel: str, log: str = "") -> None:
-    """One panel per key of ``panels``, a line with markers per label in it; ``log`` names the
-    log-scaled axes (``"x"``, ``"xy"``)."""
+    """One panel per key of ``panels``, a line with markers per label in it, each label drawn alike
+    in every panel (:func:`looks`); ``log`` names the log-scaled axes (``"x"``, ``"xy"``)."""
     fig, axes = _axes(len(panels), title)
+    look = looks([label for series in panels.values() for label in series])
     for ax, (name, series) in zip(axes, panels.items()):
         for label, points in series.items():
             if points:
                 points = sorted(points)
                 xs, ys = [p[0] for p in points], [p[1] for p in points]
-                ax.errorbar(xs, ys, yerr=_errors(ys, [p[2:] for p in points]), fmt="-o", label=label,
-                            markersize=4, capsize=2)
+                ax.errorbar(xs, ys, yerr=_errors(ys, [p[2:] for p in points]), label=label, markersize=4,
+                            capsize=2, **{k: look[label][k] for k in ("color", "marker", "linestyle")})
         _style(ax, name, xlabel, ylabel, log)
     _save(fig, path)
 
@@ -126,14 +140,15 @@ def bar_plot(groups: dict[str, dict[str, float | tuple[float, float, float]]], p
     """Grouped bars: ``groups[group][label]`` (e.g. per cluster cell, bytes per compressor), a
     value or ``(value, low, high)``."""
     fig, (ax,) = _axes(1, "")
-    labels = list(dict.fromkeys(label for bars in groups.values() for label in bars))
-    width = 0.8 / max(len(labels), 1)
-    for i, label in enumerate(labels):
+    look = looks([label for bars in groups.values() for label in bars])
+    width = 0.8 / max(len(look), 1)
+    for i, label in enumerate(look):
         xs = [g for g, bars in enumerate(groups.values()) if label in bars]
         values = [_triple(bars[label]) for bars in groups.values() if label in bars]
         ys = [v[0] for v in values]
-        ax.bar([x + (i - (len(labels) - 1) / 2) * width for x in xs], ys, width, label=label,
-               yerr=_errors(ys, [v[1:] for v in values]), capsize=2)
+        ax.bar([x + (i - (len(look) - 1) / 2) * width for x in xs], ys, width, label=label,
+               yerr=_errors(ys, [v[1:] for v in values]), capsize=2, color=look[label]["color"],
+               hatch=look[label]["hatch"], edgecolor="white" if look[label]["hatch"] else None)
     _style(ax, title, "", ylabel, "y" if log else "")  # before the ticks: setting a scale resets them
     ax.set_xticks(range(len(groups)), list(groups), fontsize=8)
     _save(fig, path)
