@@ -119,6 +119,16 @@ def looks(labels: Sequence[str]) -> dict[str, dict[str, Any]]:
             for i, label in enumerate(dict.fromkeys(labels))}
 
 
+def _line(look: dict[str, Any]) -> dict[str, Any]:
+    """A :func:`looks` entry as a line's keyword arguments."""
+    return {key: look[key] for key in ("color", "marker", "linestyle")}
+
+
+def _bar(look: dict[str, Any]) -> dict[str, Any]:
+    """A :func:`looks` entry as a bar's keyword arguments (a hatch drawn in white on the colour)."""
+    return {"color": look["color"], "hatch": look["hatch"], "edgecolor": "white" if look["hatch"] else None}
+
+
 def line_plot(panels: dict[str, Series], path: str, title: str, xlabel: str, ylabel: str, log: str = "") -> None:
     """One panel per key of ``panels``, a line with markers per label in it, each label drawn alike
     in every panel (:func:`looks`); ``log`` names the log-scaled axes (``"x"``, ``"xy"``)."""
@@ -130,7 +140,7 @@ def line_plot(panels: dict[str, Series], path: str, title: str, xlabel: str, yla
                 points = sorted(points)
                 xs, ys = [p[0] for p in points], [p[1] for p in points]
                 ax.errorbar(xs, ys, yerr=_errors(ys, [p[2:] for p in points]), label=label, markersize=4,
-                            capsize=2, **{k: look[label][k] for k in ("color", "marker", "linestyle")})
+                            capsize=2, **_line(look[label]))
         _style(ax, name, xlabel, ylabel, log)
     _save(fig, path)
 
@@ -147,8 +157,7 @@ def bar_plot(groups: dict[str, dict[str, float | tuple[float, float, float]]], p
         values = [_triple(bars[label]) for bars in groups.values() if label in bars]
         ys = [v[0] for v in values]
         ax.bar([x + (i - (len(look) - 1) / 2) * width for x in xs], ys, width, label=label,
-               yerr=_errors(ys, [v[1:] for v in values]), capsize=2, color=look[label]["color"],
-               hatch=look[label]["hatch"], edgecolor="white" if look[label]["hatch"] else None)
+               yerr=_errors(ys, [v[1:] for v in values]), capsize=2, **_bar(look[label]))
     _style(ax, title, "", ylabel, "y" if log else "")  # before the ticks: setting a scale resets them
     ax.set_xticks(range(len(groups)), list(groups), fontsize=8)
     _save(fig, path)
@@ -160,12 +169,12 @@ def stacked_bar_plot(panels: dict[str, dict[str, dict[str, float]]], parts: Sequ
     """One panel per key of ``panels``, a bar per label in it stacked from its ``parts`` in their order
     (``panels[panel][label][part]``; a part missing from a label's bar is left out of it)."""
     fig, axes = _axes(len(panels), title)
-    colors = {part: f"C{i}" for i, part in enumerate(parts)}
+    look = looks(parts)
     for ax, (name, bars) in zip(axes, panels.items()):
         bottoms = [0.0] * len(bars)
         for part in parts:
             heights = [stack.get(part, 0.0) for stack in bars.values()]
-            ax.bar(range(len(bars)), heights, 0.7, bottom=bottoms, label=part, color=colors[part])
+            ax.bar(range(len(bars)), heights, 0.7, bottom=bottoms, label=part, **_bar(look[part]))
             bottoms = [b + h for b, h in zip(bottoms, heights)]
         _style(ax, name, "", ylabel, "")
         ax.set_xticks(range(len(bars)), list(bars), fontsize=7, rotation=30, ha="right")
