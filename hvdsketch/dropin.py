@@ -7,8 +7,10 @@ as ``compression=`` to ``hvd.DistributedOptimizer`` or
 ``hvd.DistributedGradientTape`` unchanged. Around the compressor it adds:
 
 * pass-through for integer and empty tensors (nothing to compress);
-* a check after the reduction, on every rank alike, that the result is
-  finite: one rank's NaN or Inf reaches every rank's sum, so every rank raises;
+* a check after the reduction, on every rank alike, whether the result is
+  finite: one rank's NaN or Inf reaches every rank's sum, and is handed back as
+  Horovod's own compressions hand it back, for a loss scaler to skip the step,
+  the tensor's state left as it was before (warned once);
 * small tags ``t_i, t_i^2`` appended to 32/64-bit payloads, three 7-bit
   ``t_i`` from a digest of the tensor's shape and the compressor's spec (21
   bits: distinct shapes of one size collide once in two million). If all ranks
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import warnings
 import weakref
 from typing import Any
 
@@ -49,7 +52,7 @@ from hvdsketch.compress.flight import Flight
 from hvdsketch.compress.state import StateTable
 from hvdsketch.compress.support import is_passthrough
 from hvdsketch.digests import digest
-from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
+from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, NonfiniteStep, nonfinite_message
 from hvdsketch.ops import backend
 
 _TAGGED = ("float32", "float64")
@@ -122,6 +125,7 @@ class DropInCompression:
         self._alone = Session()  # for calls from no Horovod optimizer or tape
         self._sent = 0  # payload bytes counted in Python
         self._dense = 0  # their dense equivalent
+        self._warned = False
 
     def session(self, caller: Any = None) -> Session:
         """The step and tensor states of ``caller`` (a Horovod optimizer or tape; ``None``: calls made
@@ -171,7 +175,8 @@ class DropInCompression:
 
     def decompress(self, tensor: Any, state: Any) -> Any:
         """The averaged gradient, after checking (one host sync per tensor: Horovod's path has no
-        step boundary to check all tensors at once) that it is finite and the tags agreed."""
+        step boundary to check all tensors at once) that the tags agreed, and whether it is finite:
+        one that is not is handed back as it is, its state left as before (eager)."""
         if state is None:  # passed through, or Horovod's sparse allreduce: still the end of a step
             self._caller_session().decompressed = True
             return tensor
@@ -189,21 +194,30 @@ class DropInCompression:
             want = ops.constant(want, dtype, tensor)
             agreed = ops.reduce_min(ops.cast(abs(tags - want) <= _TAG_RTOL * abs(want), "int64")) > 0
             tensor = ops.reshape(body, message_shape)
-        if ops.is_symbolic(tensor):  # inside tf.function: assertions that run with the step
-            tensor = ops.check_finite(tensor, nonfinite_message(name, "this rank", None, narrow, str(self.compressor)))
+        finite = True
+        if ops.is_symbolic(tensor):  # inside tf.function: an assertion that runs with the step
             if agreed is not None:
                 ops.check_true(agreed, disagree)
         else:
-            finite = ops.all_finite_flag(tensor)
-            if not ops.all_true([finite] + ([agreed] if agreed is not None else [])):
-                if not ops.all_true([finite]):
-                    raise FloatingPointError(nonfinite_message(name, "this rank", ops.all_true(
-                        [ops.all_finite_flag(given)]), narrow, str(self.compressor)))
-                raise ValueError(disagree)
-        if flight.advance([tensor]):
-            carried = ops.dtype_name(given) in CARRIED_AS
-            return ops.cast(flight.result, ops.dtype_name(given)) if carried else flight.result
-        raise RuntimeError(f"hvdsketch: {self.compressor.name} asked for a second round in the drop-in path")
+            flags = [ops.all_finite_flag(tensor)] + ([agreed] if agreed is not None else [])
+            if not ops.all_true(flags):
+                if agreed is not None and not ops.all_true(flags[1:]):
+                    raise ValueError(disagree)
+                finite = False
+        if not flight.advance([tensor]):
+            raise RuntimeError(f"hvdsketch: {self.compressor.name} asked for a second round in the drop-in path")
+        if not finite:
+            flight.rewind()
+            self._warn_once(name, ops.all_true([ops.all_finite_flag(given)]), narrow)
+        carried = ops.dtype_name(given) in CARRIED_AS
+        return ops.cast(flight.result, ops.dtype_name(given)) if carried else flight.result
+
+    def _warn_once(self, name: str, finite_here: bool, narrow: str | None) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"{nonfinite_message(name, 'this rank', finite_here, narrow, str(self.compressor))}; "
+                          f"handed back as it is, as Horovod does, for a loss scaler to skip the step, the "
+                          f"compression's state kept as it was before it (warned once)", NonfiniteStep, stacklevel=3)
 
     def _count(self, sent: int, dense: int) -> None:
         self._sent += sent

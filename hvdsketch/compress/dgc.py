@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds, sparse
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
-from hvdsketch.compress.state import require_eager
+from hvdsketch.compress.state import require_eager, scratch
 from hvdsketch.ops import backend
 
 
@@ -18,6 +18,9 @@ class DGCState:
 
     #: The momentum-corrected gradient ``u`` (masked where sent); ``None`` before the first step.
     velocity: Any = None
+    #: The memory the next ``u`` is written into (the one before ``velocity``), so a record stays as
+    #: it was when the next step runs: a step left without trace goes back to it.
+    spare: Any = scratch()
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,8 @@ class DeepGradientCompression(Compressor):
     def prepare(self, tensor: Any, ctx: TensorContext) -> tuple[Any, TensorContext]:
         """``u_t = m u_{t-1} + clip(g)``: the momentum-corrected gradient that error feedback
         accumulates, kept in the context's state for the exchange to mask. Where the back-end writes
-        into tensors, ``u`` is the state's own memory, updated in place (one pass, nothing new made
-        after the first step)."""
+        into tensors, ``u`` is written into the state's spare memory (one pass, nothing new made
+        after the second step; the record given stays as it was)."""
         ops = backend(tensor)
         require_eager(ops, tensor, self.name)
         u = self._clipped(ops, tensor, ctx.world_size)
@@ -90,8 +93,8 @@ class DeepGradientCompression(Compressor):
         if velocity is None:  # the first step: memory of the state's own (not the gradient's)
             u = ops.into(ops.zeros(ctx.shape, ops.dtype_name(u), u), u) if ops.writable else u
         else:
-            u = ops.axpy(self.momentum, velocity, u, velocity if ops.writable else None)
-        return u, replace(ctx, state=DGCState(u))
+            u = ops.axpy(self.momentum, velocity, u, ctx.state.spare if ops.writable else None)
+        return u, replace(ctx, state=DGCState(u, spare=velocity))
 
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
         """Send the selection of ``v_t`` (the accumulated ``tensor``), then mask the momentum where sent:
@@ -103,7 +106,7 @@ class DeepGradientCompression(Compressor):
         if self.momentum:
             ops = backend(tensor)
             u = state.velocity
-            state = DGCState(ops.zero_at(u, indices, u if ops.writable else None))
+            state = DGCState(ops.zero_at(u, indices, u if ops.writable else None), spare=state.spare)
         return self.decompress(reduced, indices, ctx), state
 
     def _clipped(self, ops: ModuleType, g: Any, world_size: int) -> Any:

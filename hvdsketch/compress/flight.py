@@ -53,7 +53,7 @@ class Flight:
         elif ctx.state is None and compressor.State is not None:
             ctx = dataclasses.replace(ctx, state=(states.get(ctx.name, compressor) if states is not None
                                                   else compressor.initial_state()))
-        self.compressor, self._states = compressor, states
+        self.compressor, self._states, self._started_from = compressor, states, ctx.state
         self._memory = memory if memory is not None and memory.keeps(ctx.name) else None
         tensor, self.ctx = compressor.prepare(tensor, ctx)
         self.state: Any = self.ctx.state
@@ -92,6 +92,13 @@ class Flight:
                 self._states.put(self.ctx.name, self.compressor, self.state, traced=self._traced)
         self.seconds += time.perf_counter() - began
         return self.done
+
+
+    def rewind(self) -> None:
+        """Put back in the table the record this exchange started from, as if it had not run (an
+        eager step whose average a loss scaler will skip)."""
+        if self._states is not None and not self._traced:
+            self._states.put(self.ctx.name, self.compressor, self._started_from)
 
 
 def _written(result: Any, out: Any) -> Any:

@@ -132,6 +132,16 @@ class StateTable:
         else:
             self._entries[name] = compressor, record
 
+    def snapshot(self) -> dict[str, tuple["Compressor", Any]]:
+        """Every record now, to :meth:`restore` after a step that must leave no trace. No copy:
+        records are frozen and an exchange gives back a new one (a held record's memory, written in
+        place by a traced graph, is not covered)."""
+        return dict(self._entries)
+
+    def restore(self, snapshot: Mapping[str, tuple["Compressor", Any]]) -> None:
+        """Put back every record :meth:`snapshot` took (and drop those made since)."""
+        self._entries = dict(snapshot)
+
     def forget(self, name: str) -> None:
         """Drop tensor ``name``'s record: its compressor starts again from its initial state."""
         self._entries.pop(name, None)

@@ -1,11 +1,17 @@
 """What a rank can say when an averaged gradient is not finite, and which dtypes need carrying.
 
-One rank's NaN or Inf reaches every rank's average, so every rank raises; what
-each can add is whether its own gradient was finite. If it was and the wire
+One rank's NaN or Inf reaches every rank's average, so every rank sees it alike
+(and hands it back for a loss scaler, or raises); what each can add is whether
+its own gradient was finite. If it was and the wire
 carried a 16-bit dtype, the likeliest cause is overflow on the wire (a finite
 1e5 is Inf in float16), which the message names, with the fix.
 """
 from __future__ import annotations
+
+class NonfiniteStep(UserWarning):
+    """A step whose average was NaN or Inf, handed back for a loss scaler to skip, hvdsketch's state
+    left as before it (the default, ``error_if_nonfinite=False``)."""
+
 
 #: Gradient dtypes that Horovod's collectives cannot carry, and the dtype they are exchanged in.
 CARRIED_AS = {"bfloat16": "float32"}

@@ -12,17 +12,19 @@ the :mod:`~hvdsketch.exchange.scheduler`'s). ``finish`` first checks that every
 rank is at the same step with the same setup (the step protocol,
 :mod:`~hvdsketch.exchange.protocol`), then waits only for what is still in
 flight, runs the last rounds, and checks in one host sync that every result is
-finite: one rank's NaN or Inf reaches every rank's reduction, so every rank
-raises alike and none is left waiting; each rank's message says whether its own
-gradient was finite, so a finite gradient that overflowed a 16-bit wire dtype is
-named as overflow. Training with a loss scaler (PyTorch's ``GradScaler``), whose
-overflowing steps are expected and skipped, makes the exchanger with
-``error_if_nonfinite=False``: a result that is not finite is then handed back as it
-is, for the scaler to see and skip, and its tensor's residual and compressor state
-start again, as at the first step, so no NaN outlives the skipped step (eager
-steps; inside ``tf.function`` a NaN still fails its assertion). Then, at the step
-boundary, the policy may look at the step's gradients and decide for the next
-steps (``auto``).
+finite: one rank's NaN or Inf reaches every rank's reduction, so it is alike on
+every rank. By default (as Horovod's and DDP's averages do) a result that is not
+finite is handed back as it is, for a loss scaler (PyTorch's ``GradScaler``) to
+see and skip the step, and the step leaves no trace in hvdsketch: every residual,
+compressor record, policy decision and the step count are as they were before it,
+on every rank alike (rank 0 warns once, :class:`NonfiniteStep`). A rank whose own
+input was not finite where every average is (a lossy method left the value out)
+keeps its residuals of those tensors as before the step. With
+``error_if_nonfinite=True`` every rank raises alike instead, each rank's message
+saying whether its own gradient was finite, so a finite gradient that overflowed a
+16-bit wire dtype is named as overflow. Then, at the step boundary of a finite
+step, the policy may look at the step's gradients and decide for the next steps
+(``auto``).
 
 A wait that lasts ``HVDSKETCH_STALL_SECONDS`` (default: Horovod's
 ``HOROVOD_STALL_CHECK_TIME_SECONDS``, 60) is reported on that
@@ -60,6 +62,7 @@ checkpoint.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import time
@@ -72,7 +75,7 @@ from hvdsketch.compress.flight import Flight
 from hvdsketch.compress.state import StateTable
 from hvdsketch.compress.support import is_passthrough, values_of
 from hvdsketch.exchange import agreement
-from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, nonfinite_message
+from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, NonfiniteStep, nonfinite_message
 from hvdsketch.exchange.protocol import StepProtocol
 from hvdsketch.exchange.scheduler import Scheduler
 from hvdsketch.exchange.watchdog import Watchdog, report_seconds, shutdown_seconds
@@ -80,10 +83,6 @@ from hvdsketch.memory import Fp32, Memory
 from hvdsketch.ops import backend
 
 Reduction = Literal["average", "sum"]
-
-
-class NonfiniteStep(UserWarning):
-    """A step whose average was NaN or Inf, handed back (``error_if_nonfinite=False``)."""
 
 
 class Exchanger:
@@ -100,13 +99,14 @@ class Exchanger:
         prefix: the start of every collective's name (two exchangers in one process need two).
         placement: ``placement(name)`` is the context in which tensor ``name``'s exchange work
             runs (the TensorFlow tape's ``device_dense`` / ``device_sparse``); none by default.
-        error_if_nonfinite: raise ``FloatingPointError`` on every rank when a result is NaN or Inf
-            (the default); ``False`` hands it back and restarts its tensor's state (eager steps).
+        error_if_nonfinite: ``False`` (the default): a NaN or Inf result is handed back as it is and
+            the step leaves the state as it was (eager steps); ``True``: raise ``FloatingPointError``
+            on every rank instead.
     """
 
     def __init__(self, policy: Any, communicator: Communicator, memory: Memory | None = None,
                  op: Reduction = "average", sparse_as_dense: bool = False, prefix: str = "hvdsketch",
-                 placement: Callable[[str], ContextManager] | None = None, error_if_nonfinite: bool = True) -> None:
+                 placement: Callable[[str], ContextManager] | None = None, error_if_nonfinite: bool = False) -> None:
         if op not in ("average", "sum"):
             raise ValueError(f"hvdsketch: op must be average or sum, got {op!r}")
         if not isinstance(error_if_nonfinite, bool):
@@ -144,6 +144,9 @@ class Exchanger:
         self._given: dict[str, Any] = {}
         self._narrow: dict[str, tuple[str, str]] = {}
         self._carried: dict[str, str] = {}
+        #: The state before this step (eager steps), put back where the step is not finite.
+        self._before: _Before | None = None
+        self._warned = False
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -188,6 +191,8 @@ class Exchanger:
         if not self.flights:  # the step's first tensor
             if not traced:
                 self.protocol.begin(ops, self.step)
+            if not traced and not self.error_if_nonfinite:  # (the step's old residuals live until it ends)
+                self._before = _Before(self.states.snapshot(), {m: m.snapshot() for m in self._memories()})
             self.flights.begin(self._expected)
         dtype = ops.dtype_name(values)
         if traced or dtype in CARRIED_AS or self.policy.wants_inputs or isinstance(tensor, RowSparse):
@@ -229,15 +234,18 @@ class Exchanger:
                 self.protocol.end(self.step)  # before any gradient: ranks of other setups start other collectives
                 results = self.flights.wait_all()
             self.communicator.stats.seconds["codec"] += self.flights.codec_seconds()
-            results = self._check(results)
+            finite = self._check(results)
             results.update({name: _cast(results[name], dtype) for name, dtype in self._carried.items()})
         finally:
             for kept in (self.flights, self._given, self._narrow, self._carried):
                 kept.clear()
+            self._before = None
         if self.op == "sum":
             results = {name: _scaled(r, self.communicator.size) for name, r in results.items()}
         self.communicator.stats.seconds["finish"] += time.perf_counter() - began
         inputs, self._inputs = self._inputs, []
+        if not finite:  # left without trace: no decision, no step (alike on every rank)
+            return results
         inputs.sort(key=lambda item: self.order.get(item[1].name, len(self.order)))
         self.policy.end_step(inputs, self.communicator)
         if not self._traced:  # a trace is no step: a rank that traces again would count one more
@@ -258,6 +266,9 @@ class Exchanger:
             self._expected = expected
 
     # -- inside a step ----------------------------------------------------------------------------
+
+    def _memories(self) -> list[Memory]:
+        return [m for m in (self.memory, self.own_memory) if m is not None]
 
     def _memory_for(self, compressor: Compressor) -> Memory | None:
         if self.memory is not None:
@@ -294,55 +305,59 @@ class Exchanger:
         self._inputs.clear()
         self.protocol.abandon()
 
-    def _check(self, results: dict[str, Any]) -> dict[str, Any]:
-        """Every result finite, else the same error on every rank: one host sync eagerly; inside
-        ``tf.function``, assertions that run with the step."""
+    def _check(self, results: dict[str, Any]) -> bool:
+        """Whether every result is finite, in one host sync (eagerly). Where one is not: the same
+        error on every rank (``error_if_nonfinite``), or the step's state put back as it was
+        before it. Inside ``tf.function``: assertions that run with the step, or nothing."""
         floating = {name: values_of(r) for name, r in results.items()
                     if backend(values_of(r)).is_floating(values_of(r))}
         if not floating:
-            return results
+            return True
         ops = backend(next(iter(floating.values())))
         if ops.is_symbolic(next(iter(floating.values()))):
-            return {name: _with_values(r, ops.check_finite(values_of(r), self._nonfinite(name, None)))
-                    if name in floating else r for name, r in results.items()}
+            if self.error_if_nonfinite:
+                results.update({name: _with_values(r, ops.check_finite(values_of(r), self._nonfinite(name, None)))
+                                for name, r in results.items() if name in floating})
+            return True
         flags = [ops.all_finite_flag(r) for r in floating.values()]
-        if not self.error_if_nonfinite:
-            self._restart(results, floating, flags, ops)
-            return results
-        if ops.all_true(flags):
-            return results
-        bad = _failing(floating, flags, ops)
-        given = self._given.get(bad[0])
-        finite_here = None if given is None else ops.all_true([given()])
-        raise FloatingPointError(self._nonfinite(bad[0], finite_here)
-                                 + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
-
-    def _restart(self, results: Mapping[str, Any], floating: Mapping[str, Any], flags: list[Any], ops: Any) -> None:
-        """``error_if_nonfinite=False``: a tensor whose average is not finite (alike on every rank)
-        starts its compressor state and residual again; one whose input was not finite on this rank
-        though its average is (a lossy method left the value out), its residual."""
+        if self.error_if_nonfinite:
+            if ops.all_true(flags):
+                return True
+            bad = _failing(floating, flags, ops)
+            given = self._given.get(bad[0])
+            finite_here = None if given is None else ops.all_true([given()])
+            raise FloatingPointError(self._nonfinite(bad[0], finite_here)
+                                     + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
         given = [self._given[name]() for name in floating]
         if ops.all_true(flags + given):  # one host sync, as the check's
-            return
-        averaged, inputs = set(_failing(floating, flags, ops)), set(_failing(floating, given, ops))
-        for name in averaged:
-            self.states.forget(name)
-        for name in averaged | inputs:
-            result = results[name]
-            shape = result.dense_shape if isinstance(result, RowSparse) else ops.shape(result)
-            for memory in (self.memory, self.own_memory):
-                if memory is not None:
-                    memory.forget(name, shape)
-        warnings.warn(f"hvdsketch: step {self.step} on rank {self.communicator.rank}: "
-                      f"{', '.join(map(repr, sorted(averaged | inputs)))} not finite; handed back as they are "
-                      f"(error_if_nonfinite=False: a loss scaler skips the step), their residuals and "
-                      f"compressor state start again", NonfiniteStep, stacklevel=3)
+            return True
+        averaged = _failing(floating, flags, ops)
+        before = self._before
+        if averaged:
+            self.states.restore(before.states)
+            for memory, snapshot in before.memories.items():
+                memory.restore(snapshot)
+            self._warn_once(averaged)
+            return False
+        inputs = {name: _dense_shape(results[name], ops) for name in _failing(floating, given, ops)}
+        for memory, snapshot in before.memories.items():
+            memory.restore(snapshot, only=inputs)
+        return True
+
+    def _warn_once(self, names: Sequence[str]) -> None:
+        if self.communicator.rank == 0 and not self._warned:
+            self._warned = True
+            warnings.warn(f"hvdsketch: step {self.step}: the average of {', '.join(map(repr, names))} is NaN or "
+                          f"Inf; handed back as it is, as Horovod and DDP do, for a loss scaler to skip the step, "
+                          f"with hvdsketch's state (residuals, compressors' state, decisions, the step) kept as "
+                          f"it was before it (warned once; error_if_nonfinite=True raises instead)",
+                          NonfiniteStep, stacklevel=4)
 
     def _nonfinite(self, name: str, finite_here: bool | None) -> str:
         return (nonfinite_message(repr(name), f"rank {self.communicator.rank}", finite_here,
                                   *self._narrow.get(name, (None, None)))
-                + "; where a loss scaler skips such steps (PyTorch's GradScaler), make the optimizer or the "
-                  "DDP hook's state with error_if_nonfinite=False")
+                + "; a loss scaler (PyTorch's GradScaler) skips such steps where error_if_nonfinite=False, "
+                  "the default")
 
     # -- checkpoints ------------------------------------------------------------------------------
 
@@ -374,6 +389,18 @@ class Exchanger:
         for memory, key in ((self.memory, "memory"), (self.own_memory, "own_memory")):
             if memory is not None:
                 memory.load_state_dict(state.get(key) or memory.state_dict(residuals=False))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Before:
+    """The state a step started from: the compressors' records and each memory's slots."""
+
+    states: dict[str, Any]
+    memories: dict[Memory, Any]
+
+
+def _dense_shape(result: Any, ops: Any) -> tuple[int, ...]:
+    return tuple(result.dense_shape) if isinstance(result, RowSparse) else ops.shape(result)
 
 
 def _failing(named: Mapping[str, Any], flags: Sequence[Any], ops: Any) -> list[str]:

@@ -20,6 +20,7 @@ uninterrupted one would.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from types import ModuleType
@@ -32,6 +33,15 @@ from hvdsketch.compress.support import RowSparse, values_of
 from hvdsketch.memory.registry import create_store
 from hvdsketch.memory.stores import Fp32, State, Store
 from hvdsketch.ops import backend
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A :class:`Memory`'s slots at one moment (:meth:`Memory.snapshot`)."""
+
+    state: dict[str, State]
+    slot_store: dict[str, Store]
+    loaded: dict[str, Mapping[str, np.ndarray]]
 
 
 class Memory:
@@ -106,13 +116,24 @@ class Memory:
         self.seconds[store.name] += time.perf_counter() - start
         self._set(ops, slot, store, state)
 
-    def forget(self, name: str, shape: tuple[int, ...]) -> None:
-        """Drop ``name``'s residual (of a tensor of ``shape``): its next step starts from none, as
-        the first did (and so do the tensors that share its slot)."""
-        slot = self.store(name).slot(name, tuple(shape))
-        self._loaded.pop(slot, None)
-        self._state.pop(slot, None)
-        self._slot_store.pop(slot, None)
+    def snapshot(self) -> "Snapshot":
+        """What the memory holds now, to :meth:`restore` after a step that must leave no trace (a
+        loss scaler's overflow). No copy: a store's ``put`` makes new tensors, never writes into the
+        ones kept, so the snapshot's stay as they were (an eager step's; a traced graph's held memory
+        is written in place, and a snapshot does not cover it)."""
+        return Snapshot(dict(self._state), dict(self._slot_store), dict(self._loaded))
+
+    def restore(self, snapshot: "Snapshot", only: Mapping[str, tuple[int, ...]] | None = None) -> None:
+        """Put back what :meth:`snapshot` took: every slot, or ``only`` those of the named tensors
+        (name to shape)."""
+        slots = None if only is None else {self.store(name).slot(name, tuple(shape)) for name, shape in only.items()}
+        for kept, now in ((snapshot.state, self._state), (snapshot.slot_store, self._slot_store),
+                          (snapshot.loaded, self._loaded)):
+            for slot in (set(kept) | set(now)) if slots is None else slots:
+                if slot in kept:
+                    now[slot] = kept[slot]
+                else:
+                    now.pop(slot, None)
 
     def traceable(self) -> bool:
         """Whether every store keeps a residual in memory of one shape on the device, which a graph

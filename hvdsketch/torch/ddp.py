@@ -57,9 +57,9 @@ gets it row-sparse (``sketch``, ``allgather``, ``union`` and ``balanced`` keep i
 sparse; others densify it), and it comes back as a sparse tensor. Several DDP
 models in one process each need a state of their own, and a process group of
 their own where their backward passes interleave. Mixed precision: ``autocast``
-as it is; with ``torch.amp.GradScaler``, whose overflowing steps are skipped,
-make the state with ``error_if_nonfinite=False`` (a NaN or Inf average is then
-handed back for the scaler to see, not raised).
+as it is; with ``torch.amp.GradScaler`` a NaN or Inf average is handed back, as
+DDP's is, for the scaler to skip the step, and the hook's state stays as it was
+before that step (``error_if_nonfinite=True`` raises instead).
 
 Tuning: ``compression="auto"`` picks per tensor from measured sizes and the link
 (``auto:bandwidth=1gbit,latency=50us`` declares it instead of probing); rules name
@@ -128,9 +128,9 @@ class ExchangeState:
         process_group: the ``torch.distributed`` group to average over (default: the default group).
         sparse_as_dense: densify sparse gradients before compressing (they come back sparse).
         prefix: the start of every collective's label (reports).
-        error_if_nonfinite: a NaN or Inf average raises ``FloatingPointError`` on every rank; with
-            ``False`` it is handed back for a loss scaler (``torch.amp.GradScaler``) to skip the step,
-            and its tensor's residual and compressor state start again (see :class:`hvdsketch.exchange.Exchanger`).
+        error_if_nonfinite: ``False`` (the default): a NaN or Inf average is handed back, as DDP's
+            is, for a loss scaler (``torch.amp.GradScaler``) to skip the step, and the state stays as
+            it was before that step; ``True``: raise ``FloatingPointError`` on every rank instead.
         collectives: whose collectives move the messages: ``"torch"``, ``torch.distributed``'s over
             ``process_group``; ``"mpi"``, hvdsketch's MPI layer (:mod:`hvdsketch.collectives.mpi`,
             mpi4py) over every rank of an ``mpirun`` job, whose ranks must be DDP's: on CPU, MPI's
@@ -139,7 +139,7 @@ class ExchangeState:
 
     def __init__(self, model: "torch.nn.Module | Iterable[tuple[str, torch.Tensor]]",
                  compression: Any = None, memory: Any = None, process_group: Any = None,
-                 sparse_as_dense: bool = False, prefix: str = "hvdsketch.ddp", error_if_nonfinite: bool = True,
+                 sparse_as_dense: bool = False, prefix: str = "hvdsketch.ddp", error_if_nonfinite: bool = False,
                  collectives: str = "torch") -> None:
         from hvdsketch.memory import create as create_memory
         from hvdsketch.policy import create as create_policy

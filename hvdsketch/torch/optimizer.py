@@ -392,7 +392,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          process_set: Any = None,
                          memory: "str | Memory | None" = None,
                          collectives: str = "horovod",
-                         error_if_nonfinite: bool = True) -> torch.optim.Optimizer:
+                         error_if_nonfinite: bool = False) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` first averages gradients across Horovod ranks.
 
     Args:
@@ -421,11 +421,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             ``"mpi"`` (hvdsketch's mpi4py layer, :mod:`hvdsketch.collectives.mpi`: a bitwise-OR ring
             constant in N, allgathers without padding; CPU tensors travel without copies, GPU
             tensors through host memory; every rank, no process set).
-        error_if_nonfinite: a NaN or Inf average raises ``FloatingPointError`` on every rank; with
-            ``False`` it is handed back, for a loss scaler to skip the step (Horovod's recipe with
+        error_if_nonfinite: ``False`` (the default): a NaN or Inf average is handed back, as
+            Horovod's is, for a loss scaler to skip the step (Horovod's recipe with
             ``torch.amp.GradScaler``: ``synchronize()``, ``scaler.unscale_(optimizer)``, then
-            ``scaler.step(optimizer)`` inside ``skip_synchronize()``), and its tensor's residual and
-            compressor state start again.
+            ``scaler.step(optimizer)`` inside ``skip_synchronize()``), and hvdsketch's state
+            (residuals, compressors' state, decisions, step) stays as it was before that step;
+            ``True``: raise ``FloatingPointError`` on every rank instead.
     """
     import horovod.torch as hvd
 

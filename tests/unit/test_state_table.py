@@ -45,17 +45,21 @@ def test_a_method_without_state_keeps_no_entry():
     assert table.state_dict() == {} and table.get("w", create("topk:ratio=0.1")) is None
 
 
-def test_dgc_updates_its_momentum_in_place_and_a_checkpoint_taken_before_keeps_its_values():
+def test_dgc_writes_its_momentum_into_two_buffers_in_turn_and_records_taken_before_keep_their_values():
+    """Nothing new is made after the second step, and a step never writes into the record it started
+    from (a step left without trace goes back to it), nor into a checkpoint taken before."""
     compressor, table = create("dgc:ratio=0.1,momentum=0.9,sample=1"), StateTable()
     rng = np.random.default_rng(5)
-    velocities, saved = [], []
-    for step in range(3):
+    velocities, saved, records = [], [], []
+    for step in range(4):
         g = torch.from_numpy(rng.standard_normal((40, 30)).astype(np.float32))
         run_local(compressor, g, TensorContext("w", (40, 30), step, 1), states=table)
         velocity = table.get("w", compressor).velocity
         velocities.append(velocity.data_ptr())
         assert velocity.data_ptr() != g.data_ptr()  # the state's own memory, never the gradient's
         saved.append((velocity.clone(), table.state_dict()["w"]["state"]["velocity"]))
-    assert velocities[0] == velocities[1] == velocities[2]
+        records.append(table.get("w", compressor))
+    assert velocities[0] == velocities[2] != velocities[1] == velocities[3]
+    assert torch.equal(records[-2].velocity, saved[-2][0])
     for at_save, in_checkpoint in saved:
         np.testing.assert_array_equal(in_checkpoint, at_save.numpy())

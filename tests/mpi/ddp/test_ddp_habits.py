@@ -1,11 +1,10 @@
 """What DDP users do keeps working with the hook: ``find_unused_parameters``, ``static_graph``,
-two DDP models in one process, a process group of their own, 16-bit parameters, a loss scaler that
-skips overflowing steps. Each against DDP's own allreduce with the same options."""
+two DDP models in one process, a process group of their own, 16-bit parameters (a loss scaler that
+skips overflowing steps: test_ddp_loss_scaler). Each against DDP's own allreduce with the same options."""
 import pytest
 import torch
 import torch.distributed as dist
 
-from hvdsketch.exchange.exchanger import NonfiniteStep
 from hvdsketch.torch.ddp import ExchangeState, exchange_hook
 from tests.mpi.ddp.cases import BUCKET_MB, assert_replicas_agree, batches, ddp, flat, loss, model, sgd
 
@@ -74,40 +73,3 @@ def test_16_bit_parameters(dtype):
     theirs = run(lambda: model(sparse=False).to(dtype), None, steps=2)
     assert ours.dtype == dtype
     torch.testing.assert_close(ours, theirs, rtol=1e-2, atol=1e-2)
-
-
-def scaled(compression, memory=None, steps=6, overflow=2):
-    """Training with ``torch.amp.GradScaler`` whose step ``overflow`` overflows on rank 0 alone (its
-    loss scaled to Inf, as a too-large loss scale does): the parameters, the scaler's scale, the state."""
-    module = model()
-    wrapped, state = (ddp(module) if compression is None else
-                      ddp(module, compression, memory=memory, error_if_nonfinite=False))
-    optimizer, scaler = sgd(module), torch.amp.GradScaler("cpu")
-    for k, batch in enumerate(batches(steps)):
-        optimizer.zero_grad()
-        blown = float("inf") if k == overflow and dist.get_rank() == 0 else 1.0
-        scaler.scale(loss(wrapped, batch) * blown).backward()
-        scaler.step(optimizer)  # skipped where the averaged gradients are not finite
-        scaler.update()
-    return module, scaler.get_scale(), state
-
-
-def test_a_loss_scalers_overflowing_step_is_skipped_as_with_ddps_allreduce():
-    """``error_if_nonfinite=False``: the Inf average goes back to GradScaler, which skips the step on
-    every rank and halves its scale, as with DDP's own allreduce, bit for bit."""
-    reference, reference_scale = scaled(None)[:2]
-    with pytest.warns(NonfiniteStep, match="step 2 on rank"):
-        module, scale, _ = scaled("none")
-    assert torch.equal(flat(module), flat(reference))
-    assert scale == reference_scale == 2.0 ** 15
-
-
-@pytest.mark.parametrize("compression, memory", [("topk:ratio=0.25", "fp32"), ("powersgd:rank=2", None),
-                                                 ("sketch:error=0.5", "fp32")])
-def test_after_a_skipped_step_residuals_and_compressor_state_restart_finite(compression, memory):
-    """The overflowing step's Inf reached the residuals and PowerSGD's Q; they start again, so the
-    steps after it train on finite gradients, alike on every rank."""
-    with pytest.warns(NonfiniteStep):
-        module, scale, state = scaled(compression, memory)
-    assert scale == 2.0 ** 15  # one step skipped: the ones after it were finite
-    assert_replicas_agree(module)

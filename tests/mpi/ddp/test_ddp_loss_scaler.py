@@ -1,0 +1,61 @@
+"""PyTorch's mixed-precision recipe with the hook: ``scaler.scale(loss).backward(); scaler.step(optimizer);
+scaler.update()``, with ``torch.amp.GradScaler``'s real code path (``unscale_``, ``found_inf``,
+``update``) and losses that overflow on rank 0 alone. As with DDP's own allreduce, the Inf average
+reaches the scaler, which skips the step and halves its scale; the hook's state is left as before."""
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hvdsketch.exchange.diagnosis import NonfiniteStep
+from tests.loss_scaling import FLAGS, OVERFLOWS, assert_same_state
+from tests.mpi.ddp.cases import assert_replicas_agree, batches, ddp, flat, loss, model, sgd
+
+STEPS = 6
+
+
+def scaled(compression, memory=None):
+    """The parameters, the scale after the run, the hook's state and its state before and after each
+    overflowing step, and the hvdsketch warnings this rank saw."""
+    module = model()
+    wrapped, state = ddp(module, compression, memory=memory)
+    optimizer, scaler = sgd(module), torch.amp.GradScaler("cpu")
+    around = []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", NonfiniteStep)
+        for k, batch in enumerate(batches(STEPS)):
+            before = state.exchanger.state_dict() if state is not None and k in OVERFLOWS else None
+            optimizer.zero_grad()
+            blown = float("inf") if k in OVERFLOWS and dist.get_rank() == 0 else 1.0
+            scaler.scale(loss(wrapped, batch) * blown).backward()
+            scaler.step(optimizer)  # skipped where the averaged gradients are not finite
+            scaler.update()
+            if before is not None:
+                around.append((before, state.exchanger.state_dict()))
+    return module, scaler.get_scale(), around, [w for w in seen if issubclass(w.category, NonfiniteStep)]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("compression, memory", FLAGS)
+def test_a_loss_scalers_overflowing_steps_are_skipped_as_with_ddps_allreduce(compression, memory):
+    """By default: the job finishes, the scale is DDP's, replicas finite and equal; each skipped step
+    left every residual, compressor record, decision and the step as they were; rank 0 warned once."""
+    reference, reference_scale = scaled(None)[:2]
+    module, scale, around, warned = scaled(compression, memory)
+    assert scale == reference_scale == 2.0 ** (16 - len(OVERFLOWS))
+    assert_replicas_agree(module)
+    if compression == "none":
+        assert torch.equal(flat(module), flat(reference))
+    for before, after in around:
+        assert_same_state(before, after)
+    assert len(warned) == (1 if dist.get_rank() == 0 else 0)
+
+
+def test_error_if_nonfinite_raises_on_every_rank_instead():
+    module = model()
+    wrapped, _ = ddp(module, "topk:ratio=0.25", memory="fp32", error_if_nonfinite=True)
+    tokens, labels = batches(1)[0]
+    blown = float("inf") if dist.get_rank() == 0 else 1.0
+    with pytest.raises(FloatingPointError, match="NaN or Inf"):
+        (loss(wrapped, (tokens, labels)) * blown).backward()
