@@ -16,8 +16,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
-import numpy as np
-
 from hvdsketch.compress.support import RowSparse
 from hvdsketch.memory.planner import DEFAULT_CANDIDATES, Plan, budget_bytes_of, solve
 from hvdsketch.memory.registry import create_store
@@ -119,7 +117,7 @@ class PlannedMemory(Memory):
         if self.plan is None:
             state["warmup"] = self.warmup.state_dict()
         else:
-            state["plan"] = np.asarray(self.plan.to_json())
+            state["plan"] = self.plan.to_json()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -5,8 +5,8 @@ every compressor: ``compensate`` before compression, ``update`` with what the
 messages left out after; the arithmetic is the back-end's, the stores are
 :mod:`hvdsketch.memory.stores`.
 
-Checkpoints: :meth:`Memory.state_dict` returns nested dicts of plain numpy
-arrays and strings, independent of framework and device::
+Checkpoints: :meth:`Memory.state_dict` returns nested dicts of numpy arrays
+and strings, independent of framework and device::
 
     {"spec": "fp16", "default": "fp16", "stores": {name: store, ...},
      "slots": {slot: {"store": "fp16", key: np.ndarray, ...}, ...}}
@@ -208,10 +208,10 @@ class Memory:
         slots = {slot: dict(arrays) for slot, arrays in self._loaded.items()} if residuals else {}
         for slot, state in self._state.items() if residuals else ():
             store = self._slot_store[slot]
-            slots[slot] = {"store": np.asarray(str(store)),
+            slots[slot] = {"store": str(store),
                            **{key: store.export(key, value) for key, value in state.items()}}
-        return {"spec": np.asarray(self.spec), "default": np.asarray(str(self.default)),
-                "stores": {name: np.asarray(str(store)) for name, store in self.stores.items()},
+        return {"spec": self.spec, "default": str(self.default),
+                "stores": {name: str(store) for name, store in self.stores.items()},
                 "slots": slots}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

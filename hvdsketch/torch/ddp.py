@@ -78,8 +78,7 @@ resumes bit for bit from that one file with :meth:`ExchangeState.load_state_dict
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "hook": hook_state}, path)
     ...
-    saved = torch.load(path, weights_only=False)         # every rank
-    state.load_state_dict(saved["hook"])
+    state.load_state_dict(torch.load(path)["hook"])    # every rank
 
 Another number of ranks or compression setup is a clear ``ValueError``, or
 with ``reset_on_change=True`` a reset of that state on every rank, warned
@@ -92,7 +91,6 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -100,6 +98,7 @@ from hvdsketch.collectives.torchdist import TorchDistCommunicator
 from hvdsketch.exchange import Exchanger, agreement, checkpoint
 from hvdsketch.exchange.report import report_of
 from hvdsketch.ops import torch as torch_ops
+from hvdsketch.torch import saved
 from hvdsketch.torch.optimizer import _as_hvdsketch, _as_torch, _named, _sparse_layout
 
 __all__ = ["ExchangeState", "exchange_hook"]
@@ -292,7 +291,7 @@ class ExchangeState:
         if self._buckets:
             raise RuntimeError("hvdsketch: a step is under way (DDP has called the hook for some buckets); "
                                "call state_dict() after backward")
-        return {"hvdsketch": checkpoint.gather(self.exchanger, torch_ops),
+        return {"hvdsketch": saved.to_torch(checkpoint.gather(self.exchanger, torch_ops)),
                 "buckets": [list(names) for names in self._layout]}
 
     def load_state_dict(self, state: Mapping[str, Any], reset_on_change: bool = False) -> None:
@@ -304,11 +303,10 @@ class ExchangeState:
         if "hvdsketch" not in state:
             raise ValueError("hvdsketch: the hook state has no 'hvdsketch' entry (one made by "
                              "ExchangeState.state_dict(), called on every rank)")
-        states = checkpoint.resolve(state["hvdsketch"], self.exchanger, reset_on_change)
+        states = checkpoint.resolve(saved.to_numpy(state["hvdsketch"]), self.exchanger, reset_on_change)
         self._resumed = [tuple(names) for names in state.get("buckets", [])]
-        devices = {name: p.device for p, name in self._names.items()}
-        self.exchanger.load_state_dict(states[self.communicator.rank], lambda name, array: torch.from_numpy(
-            np.array(array)).to(devices.get(name, "cpu")))
+        self.exchanger.load_state_dict(states[self.communicator.rank],
+                                       saved.converter({name: p.device for p, name in self._names.items()}))
 
     def report(self) -> dict[str, Any]:
         """Bytes this rank sent (per collective and in total) against a dense ring allreduce, the

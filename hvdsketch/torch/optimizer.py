@@ -38,7 +38,6 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Iterable, Mapping
 
-import numpy as np
 import torch
 
 from hvdsketch.collectives.horovod import HorovodCommunicator
@@ -48,6 +47,7 @@ from hvdsketch.exchange.report import report_of
 from hvdsketch.memory import Memory
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.policy import Policy
+from hvdsketch.torch import saved
 
 
 class Distributed(abc.ABC):
@@ -225,7 +225,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         state = super(self.__class__, self).state_dict()
         if not self._torch_only:
-            state["hvdsketch"] = (checkpoint.gather(self._exchanger, torch_ops)
+            state["hvdsketch"] = (saved.to_torch(checkpoint.gather(self._exchanger, torch_ops))
                                   if self._included else None)
         return state
 
@@ -240,7 +240,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ranks also rank 0's policy decisions and memory plan), and a warning on rank 0
         (:class:`hvdsketch.exchange.checkpoint.StateReset`)."""
         state_dict = dict(state_dict)
-        ours = state_dict.pop("hvdsketch", None)
+        ours = saved.to_numpy(state_dict.pop("hvdsketch", None))
         if ours is not None and self._included:
             states = checkpoint.resolve(ours, self._exchanger, reset_on_change)
         super(self.__class__, self).load_state_dict(state_dict)
@@ -252,8 +252,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _converter(self) -> Any:
         """What makes a checkpoint's array a tensor on the device of the parameter it belongs to."""
-        devices = {n: p.device for p, n in self._names.items()}
-        return lambda name, array: torch.from_numpy(np.array(array)).to(devices.get(name, "cpu"))
+        return saved.converter({n: p.device for p, n in self._names.items()})
 
     # -- broadcast from a root and Horovod elastic (hvdsketch.torch.functions, .elastic) -----------
 

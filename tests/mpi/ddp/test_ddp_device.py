@@ -2,7 +2,10 @@
 hook runs with torch's default device "meta" (:func:`tests.mpi.torch.test_device.meta_default`,
 entered again inside :meth:`ExchangeState.reduce`, which DDP calls outside the mode), so a tensor
 made without ``device=`` meets the CPU gradient and raises. Every compressor, residual memories,
-the sparse embedding, a checkpoint's restore; the replicas still agree."""
+the sparse embedding, a checkpoint's restore (through ``torch.save`` and PyTorch's default
+``torch.load``); the replicas still agree."""
+import io
+
 import pytest
 import torch
 
@@ -24,9 +27,27 @@ def test_hook_steps_on_the_gradients_device(compression, memory):
     data = batches(3)
     with meta_default((ExchangeState, "reduce")):
         train(wrapped, optimizer, data[:2])  # auto and its probe decide after the first
-        state.load_state_dict(state.state_dict())  # residuals and state restored on the device
+        state.load_state_dict(saved_and_loaded(state.state_dict()))  # restored on the device
         train(wrapped, optimizer, data[2:])
     assert module[0].weight.grad.is_sparse
+    assert_replicas_agree(module)
+
+
+def saved_and_loaded(state):
+    """``state`` through ``torch.save`` and ``torch.load`` with PyTorch's defaults (weights only)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return torch.load(io.BytesIO(buffer.getvalue()))
+
+
+@pytest.mark.parametrize("memory", ["fp16", "bf16", "shared", "plan:budget=0.5"])
+def test_every_memory_saves_what_torch_load_loads_by_default(memory):
+    module = model()
+    wrapped, state = ddp(module, "topk:ratio=0.1", memory=memory)
+    data = batches(3)
+    train(wrapped, sgd(module), data[:2])
+    state.load_state_dict(saved_and_loaded(state.state_dict()))
+    train(wrapped, sgd(module), data[2:])
     assert_replicas_agree(module)
 
 

@@ -21,6 +21,7 @@ import hvdsketch.torch as hvdsketch_torch
 from hvdsketch.exchange import AgreementError
 from hvdsketch.exchange.checkpoint import StateReset, checksum
 from hvdsketch.torch import DistributedOptimizer
+from hvdsketch.torch.saved import to_numpy
 from tests.shared_folder import shared_folder
 
 #: (compression, memory): residual stores, methods with state of their own, the sketch, and auto on a
@@ -68,7 +69,7 @@ def save(hvd, model, optimizer, path):
 
 
 def load(path):
-    return torch.load(path, weights_only=False)
+    return torch.load(path)
 
 
 def same(a, b):
@@ -101,7 +102,7 @@ def with_rank_0_state_everywhere(checkpoint):
     checkpoint = copy.deepcopy(checkpoint)
     ours = checkpoint["optimizer"]["hvdsketch"]
     ours["ranks"] = [ours["ranks"][0]] * len(ours["ranks"])
-    ours["checksum"] = checksum(ours)  # edited on purpose: sealed anew
+    ours["checksum"] = checksum(to_numpy(ours))  # edited on purpose: sealed anew
     return checkpoint
 
 
@@ -183,7 +184,7 @@ def test_state_dict_on_rank_0_alone_waits_for_no_one_and_resumes_every_rank_afre
         assert time.monotonic() - began < limit / 2 if after == "training" else limit + 5
         said = [str(w.message) for w in caught if "without the other ranks" in str(w.message)]
         assert len(said) == 1 and "call state_dict() on every rank" in said[0]
-        assert torch.load(path, weights_only=False)["optimizer"]["hvdsketch"]["ranks"] is None
+        assert torch.load(path)["optimizer"]["hvdsketch"]["ranks"] is None
     AFTER_THE_SAVE[after](hvd)
     train(model, optimizer, 2, 2, hvd.rank())  # and training goes on, alike on every rank
     assert_replicas_identical(hvd, model, f"habit.{after}.trained")
@@ -209,8 +210,8 @@ def assert_replicas_identical(hvd, model, name):
 def _flip_a_residual_bit(checkpoint) -> None:
     """One bit flipped in rank 0's first residual (a flip in the file that unpickling cannot notice)."""
     slots = checkpoint["optimizer"]["hvdsketch"]["ranks"][0]["memory"]["slots"]
-    array = next(v for slot in slots.values() for v in slot.values() if isinstance(v, np.ndarray) and v.any())
-    array.reshape(-1).view(np.uint8)[array.nbytes // 2] ^= 0x10
+    tensor = next(v for slot in slots.values() for v in slot.values() if isinstance(v, torch.Tensor) and v.any())
+    tensor.view(-1).view(torch.uint8)[tensor.nbytes // 2] ^= 0x10
 
 
 def test_a_damaged_or_foreign_checkpoint_entry_is_a_clear_error_naming_it_on_every_rank(hvd):
@@ -219,7 +220,7 @@ def test_a_damaged_or_foreign_checkpoint_entry_is_a_clear_error_naming_it_on_eve
     saved = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     buffer = io.BytesIO()
     torch.save(saved, buffer)
-    flipped = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+    flipped = torch.load(io.BytesIO(buffer.getvalue()))
     _flip_a_residual_bit(flipped)
     edited = copy.deepcopy(saved)
     del edited["optimizer"]["hvdsketch"]["ranks"][-1]["step"]
@@ -242,7 +243,7 @@ def _other_world(checkpoint, size):
     ours = checkpoint["hvdsketch"]
     ours["ranks"] = (ours["ranks"] * size)[:size]
     ours["world"] = size
-    ours["checksum"] = checksum(ours)
+    ours["checksum"] = checksum(to_numpy(ours))
     return checkpoint
 
 
