@@ -115,6 +115,10 @@ class Compressor(ABC):
     #: (``balanced``'s splits), so it cannot be traced into a graph: TensorFlow runs it as one Python
     #: op inside ``tf.function``.
     host_sized: ClassVar[bool] = False
+    #: True when the method's own arithmetic (norms, products, rescaled or summed values) can
+    #: overflow the dtype on finite gradients whose dense average does not: the exchanger then keeps
+    #: the gradient until the step ends, to exchange it exactly where that happened.
+    overflows: ClassVar[bool] = False
     #: The frozen record of what the method remembers of a tensor between steps, or ``None``.
     State: ClassVar[type | None] = None
 

@@ -58,6 +58,7 @@ class DeepGradientCompression(Compressor):
     """
 
     name: ClassVar[str] = "dgc"
+    overflows: ClassVar[bool] = True
     feedback: ClassVar[bool] = True
     State: ClassVar[type] = DGCState
 

@@ -30,6 +30,7 @@ class EFSignSGD(Compressor):
     """
 
     name: ClassVar[str] = "efsignsgd"
+    overflows: ClassVar[bool] = True
     feedback: ClassVar[bool] = True
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], Any]:

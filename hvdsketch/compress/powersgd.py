@@ -59,6 +59,7 @@ class PowerSGD(Compressor):
     """
 
     name: ClassVar[str] = "powersgd"
+    overflows: ClassVar[bool] = True
     feedback: ClassVar[bool] = True
     State: ClassVar[type] = PowerSGDState
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds
 from hvdsketch.compress.base import Compressor, Message, TensorContext
@@ -33,6 +33,8 @@ def code_dtype(levels: int) -> str:
 class StochasticQuantizer(Compressor):
     """Base of QSGD and TernGrad: subclasses set ``levels``, ``bucket`` (``None``: the whole
     tensor), ``seed`` and the bucket scale."""
+
+    overflows: ClassVar[bool] = True
 
     levels: int
     bucket: int | None

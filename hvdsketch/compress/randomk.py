@@ -53,6 +53,7 @@ class RandomK(Compressor):
     """
 
     name: ClassVar[str] = "randomk"
+    overflows: ClassVar[bool] = True
     drop_in: ClassVar[bool] = True
     State: ClassVar[type] = RandomKState
 

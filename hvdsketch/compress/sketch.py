@@ -165,6 +165,7 @@ class SparseSketch(Compressor):
     """
 
     name: ClassVar[str] = "sketch"
+    overflows: ClassVar[bool] = True
     row_sparse: ClassVar[bool] = True
     State: ClassVar[type] = SketchState
 

@@ -138,9 +138,14 @@ class StateTable:
         place by a traced graph, is not covered)."""
         return dict(self._entries)
 
-    def restore(self, snapshot: Mapping[str, tuple["Compressor", Any]]) -> None:
-        """Put back every record :meth:`snapshot` took (and drop those made since)."""
-        self._entries = dict(snapshot)
+    def restore(self, snapshot: Mapping[str, tuple["Compressor", Any]], only: Iterable[str] | None = None) -> None:
+        """Put back the records :meth:`snapshot` took (and drop those made since): every one, or
+        ``only`` those of the named tensors."""
+        for name in set(snapshot) | set(self._entries) if only is None else only:
+            if name in snapshot:
+                self._entries[name] = snapshot[name]
+            else:
+                self._entries.pop(name, None)
 
     def forget(self, name: str) -> None:
         """Drop tensor ``name``'s record: its compressor starts again from its initial state."""

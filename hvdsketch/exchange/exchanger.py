@@ -146,7 +146,10 @@ class Exchanger:
         self._carried: dict[str, str] = {}
         #: The state before this step (eager steps), put back where the step is not finite.
         self._before: _Before | None = None
-        self._warned = False
+        #: This step's inputs of methods that can overflow (:attr:`Compressor.overflows`), by name.
+        self._kept: dict[str, tuple[Any, TensorContext, Compressor]] = {}
+        self._warned: set[str] = set()  # the kinds of warning rank 0 gave (once each)
+        self._rows = create("allgather")
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -197,11 +200,6 @@ class Exchanger:
         dtype = ops.dtype_name(values)
         if traced or dtype in CARRIED_AS or self.policy.wants_inputs or isinstance(tensor, RowSparse):
             out = None
-        # whether this rank's own input was finite, if its result is not: asked of the input then,
-        # or now where the result overwrites it
-        overwritten = out is not None and ops.is_floating(values)
-        self._given[name] = (_constant(ops.all_finite_flag(values)) if overwritten
-                             else functools.partial(ops.all_finite_flag, values))
         if dtype in CARRIED_AS:
             self._carried[name] = dtype
             tensor = _with_values(tensor, ops.cast(values, CARRIED_AS[dtype]))
@@ -209,10 +207,20 @@ class Exchanger:
         ctx = TensorContext(name, tuple(shape), 0 if traced else self.step, self.communicator.size,
                             self.communicator.rank, out, row_sparse=isinstance(tensor, RowSparse) and not traced)
         compressor = self._dense if is_passthrough(tensor) else self.policy.compressor(ctx)
+        keep = compressor.overflows and self._before is not None  # to exchange it exactly if it overflows
+        if keep and out is not None:
+            out, ctx = None, dataclasses.replace(ctx, out=None)
+        # whether this rank's own input was finite, if its result is not: asked of the input then,
+        # or now where the result overwrites it
+        overwritten = out is not None and ops.is_floating(values)
+        self._given[name] = (_constant(ops.all_finite_flag(values)) if overwritten
+                             else functools.partial(ops.all_finite_flag, values))
         memory = self._memory_for(compressor)
         if isinstance(tensor, RowSparse) and (self.sparse_as_dense or not compressor.row_sparse or (
                 memory is not None and memory.keeps(name) and not memory.takes_rows(name))):
             tensor = tensor.to_dense()
+        if keep:
+            self._kept[name] = (tensor, ctx, compressor)
         if self.policy.wants_inputs:
             self._inputs.append((tensor, ctx))
         self.flights.progress()
@@ -237,7 +245,7 @@ class Exchanger:
             finite = self._check(results)
             results.update({name: _cast(results[name], dtype) for name, dtype in self._carried.items()})
         finally:
-            for kept in (self.flights, self._given, self._narrow, self._carried):
+            for kept in (self.flights, self._given, self._narrow, self._carried, self._kept):
                 kept.clear()
             self._before = None
         if self.op == "sum":
@@ -303,6 +311,8 @@ class Exchanger:
         tag never finish; what the memory kept of it stays."""
         self.flights.clear()
         self._inputs.clear()
+        self._kept.clear()
+        self._before = None
         self.protocol.abandon()
 
     def _check(self, results: dict[str, Any]) -> bool:
@@ -331,27 +341,56 @@ class Exchanger:
         given = [self._given[name]() for name in floating]
         if ops.all_true(flags + given):  # one host sync, as the check's
             return True
-        averaged = _failing(floating, flags, ops)
+        return self._without_trace(results, _failing(floating, flags, ops), _failing(floating, given, ops), ops)
+
+    def _without_trace(self, results: dict[str, Any], averaged: list[str], inputs: list[str], ops: Any) -> bool:
+        """Where the averages of ``averaged`` (alike on every rank) or this rank's ``inputs`` are not
+        finite: whether the step stands. A method's own overflow on gradients finite on every rank is
+        exchanged again exactly (``results`` updated) and the step stands, those tensors' state as
+        before it; else the step leaves no trace: its whole state is put back. A rank's non-finite
+        input whose average is finite (a lossy method left it out) gets its residual back."""
         before = self._before
-        if averaged:
+        if not averaged:
+            for memory, snapshot in before.memories.items():
+                memory.restore(snapshot, only={name: _dense_shape(results[name], ops) for name in inputs})
+            return True
+        elsewhere = set().union(*agreement.allgather_objects(  # (every rank is here: the averages are alike)
+            self.communicator, sorted(set(averaged) & set(inputs)), f"{self.prefix}.nonfinite", ops))
+        overflowed = [name for name in averaged if name not in elsewhere and name in self._kept]
+        exact = self._exactly(overflowed) if overflowed else {}
+        redone = [name for name, r in exact.items() if ops.all_true([ops.all_finite_flag(values_of(r))])]
+        if set(averaged) - set(redone):  # a rank's gradient was not finite: the loss scaler's step
             self.states.restore(before.states)
             for memory, snapshot in before.memories.items():
                 memory.restore(snapshot)
-            self._warn_once(averaged)
+            self._warn_once("nonfinite", f"the average of {_listed(averaged)} is NaN or Inf; handed back as it is, "
+                            f"as Horovod and DDP do, for a loss scaler to skip the step, with hvdsketch's state "
+                            f"(residuals, compressors' state, decisions, the step) kept as it was before it")
             return False
-        inputs = {name: _dense_shape(results[name], ops) for name in _failing(floating, given, ops)}
+        results.update(exact)
+        self.states.restore(before.states, only=redone)
         for memory, snapshot in before.memories.items():
-            memory.restore(snapshot, only=inputs)
+            memory.restore(snapshot, only={name: _dense_shape(results[name], ops) for name in redone})
+        methods = sorted({str(self._kept[name][2]) for name in redone})
+        self._warn_once("overflow", f"{', '.join(methods)} overflowed on {_listed(redone)}, finite on every rank; "
+                        f"exchanged exactly instead for this step, their state kept as it was before it")
         return True
 
-    def _warn_once(self, names: Sequence[str]) -> None:
-        if self.communicator.rank == 0 and not self._warned:
-            self._warned = True
-            warnings.warn(f"hvdsketch: step {self.step}: the average of {', '.join(map(repr, names))} is NaN or "
-                          f"Inf; handed back as it is, as Horovod and DDP do, for a loss scaler to skip the step, "
-                          f"with hvdsketch's state (residuals, compressors' state, decisions, the step) kept as "
-                          f"it was before it (warned once; error_if_nonfinite=True raises instead)",
-                          NonfiniteStep, stacklevel=4)
+    def _exactly(self, names: Sequence[str]) -> dict[str, Any]:
+        """The exact averages of the kept inputs of ``names`` (the same names on every rank)."""
+        exact = Scheduler(self.communicator, f"{self.prefix}.exact", self.placement)
+        exact.begin(list(names))
+        for name in names:
+            tensor, ctx, _ = self._kept[name]
+            with self.placement(name):
+                exact.submit(name, Flight(self._rows if isinstance(tensor, RowSparse) else self._dense, tensor, ctx))
+        return exact.wait_all()
+
+    def _warn_once(self, kind: str, what: str) -> None:
+        if self.communicator.rank == 0 and kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(f"hvdsketch: step {self.step}: {what} (warned once; error_if_nonfinite=True raises "
+                          f"instead)", NonfiniteStep, stacklevel=5)
 
     def _nonfinite(self, name: str, finite_here: bool | None) -> str:
         return (nonfinite_message(repr(name), f"rank {self.communicator.rank}", finite_here,
@@ -397,6 +436,10 @@ class _Before:
 
     states: dict[str, Any]
     memories: dict[Memory, Any]
+
+
+def _listed(names: Sequence[str], shown: int = 3) -> str:
+    return ", ".join(map(repr, names[:shown])) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _dense_shape(result: Any, ops: Any) -> tuple[int, ...]:

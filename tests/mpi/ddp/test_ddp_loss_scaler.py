@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from hvdsketch.exchange.diagnosis import NonfiniteStep
 from tests.loss_scaling import FLAGS, OVERFLOWS, assert_same_state
+from hvdsketch.torch.ddp import ExchangeState
 from tests.mpi.ddp.cases import assert_replicas_agree, batches, ddp, flat, loss, model, sgd
 
 STEPS = 6
@@ -59,3 +60,30 @@ def test_error_if_nonfinite_raises_on_every_rank_instead():
     blown = float("inf") if dist.get_rank() == 0 else 1.0
     with pytest.raises(FloatingPointError, match="NaN or Inf"):
         (loss(wrapped, (tokens, labels)) * blown).backward()
+
+
+@pytest.mark.parametrize("compression, overflows", [("qsgd", True), ("powersgd", True), ("efsignsgd", True),
+                                                   ("randomk:ratio=0.1", True), ("terngrad", False), ("sketch", False)])
+def test_finite_gradients_near_float32s_limit_are_never_made_nan(compression, overflows):
+    """Gradients of about 1e38, finite on every rank, whose dense sums are finite: where a method's
+    own arithmetic overflows (QSGD's norms, PowerSGD's products), that tensor is exchanged exactly for
+    the step (rank 0 says so once); no NaN comes back and no rank is blamed."""
+    named = [("big", torch.nn.Parameter(torch.zeros(64, 48))), ("small", torch.nn.Parameter(torch.zeros(40)))]
+    state = ExchangeState(named, compression=compression, memory="fp32")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    generator = torch.Generator().manual_seed(rank // 2)  # ranks 2k and 2k + 1 cancel: no sum overflows
+    big = (torch.rand(64, 48, generator=generator) * 2 - 1) * 1e38 * (-1) ** rank
+    small = torch.rand(40, generator=generator)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", NonfiniteStep)
+        results = state.exchanger.exchange({"big": big.clone(), "small": small.clone()})
+    assert torch.isfinite(results["big"]).all() and torch.isfinite(results["small"]).all()
+    said = [[str(w.message) for w in seen]]
+    dist.broadcast_object_list(said, src=0)
+    assert len(said[0]) == overflows and all(f"overflowed on 'big'" in message for message in said[0])
+    assert not seen or rank == 0
+    if overflows:
+        dense = big.clone()
+        dist.all_reduce(dense)
+        assert torch.equal(results["big"], dense / world)
+    assert state.exchanger.step == 1
