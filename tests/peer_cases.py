@@ -100,10 +100,11 @@ class Given(Policy):
 
 
 def exchanger(communicator: Any, compressors: dict[str, Compressor], memory: Any = None,
-              step: int = 0, states: StateTable | None = None) -> Exchanger:
+              step: int = 0, states: StateTable | None = None, **options: Any) -> Exchanger:
     """An exchanger over ``communicator`` giving each named tensor its compressor, at ``step``, with
-    the tensors' states in ``states`` where given (a table kept across exchangers)."""
-    out = Exchanger(Given(compressors), communicator, memory)
+    the tensors' states in ``states`` where given (a table kept across exchangers) and the
+    exchanger's ``options``."""
+    out = Exchanger(Given(compressors), communicator, memory, **options)
     out.step = step
     if states is not None:
         out.states = states
@@ -111,11 +112,11 @@ def exchanger(communicator: Any, compressors: dict[str, Compressor], memory: Any
 
 
 def exchange_jobs(communicator: Any, jobs: Sequence[tuple[Compressor, Any, TensorContext]],
-                  memory: Any = None, states: StateTable | None = None) -> list[Any]:
+                  memory: Any = None, states: StateTable | None = None, **options: Any) -> list[Any]:
     """The averaged ``(compressor, tensor, ctx)`` jobs, in order, exchanged as one step (the tensors'
-    states from ``states`` and back, where given)."""
+    states from ``states`` and back, where given; the exchanger's ``options``)."""
     results = exchanger(communicator, {ctx.name: c for c, _, ctx in jobs}, memory, jobs[0][2].step,
-                        states).exchange({ctx.name: t for _, t, ctx in jobs})
+                        states, **options).exchange({ctx.name: t for _, t, ctx in jobs})
     return [results[ctx.name] for _, _, ctx in jobs]
 
 
@@ -254,10 +255,13 @@ def check_lock_step(world: World) -> None:
 
 
 def check_nan_fails_everywhere(flag: str, world: World, error: type) -> None:
-    """A NaN in the last rank's gradient makes the exchange raise ``error`` on every rank, none hangs."""
+    """A NaN in the last rank's gradient comes back NaN on every rank by default (for a loss scaler to
+    skip the step); with ``error_if_nonfinite`` the exchange raises ``error`` on every rank; none hangs."""
     g = gradient(world.rank, 0, Case(flag))
     if world.rank == world.size - 1:
         g[5, 5] = np.nan
     job = (create(flag), world.convert(g), TensorContext(NAME, g.shape, 0, world.size, world.rank))
+    (handed,) = exchange_jobs(world.communicator, [job])
+    assert not np.isfinite(backend(handed).to_numpy(handed)).all()
     with pytest.raises(error, match="NaN or Inf"):
-        exchange_jobs(world.communicator, [job])
+        exchange_jobs(world.communicator, [job], error_if_nonfinite=True)

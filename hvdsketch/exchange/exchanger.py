@@ -363,8 +363,11 @@ class Exchanger:
             self.states.restore(before.states)
             for memory, snapshot in before.memories.items():
                 memory.restore(snapshot)
-            self._warn_once("nonfinite", f"the average of {_listed(averaged)} is NaN or Inf; handed back as it is, "
-                            f"as Horovod and DDP do, for a loss scaler to skip the step, with hvdsketch's state "
+            narrow = [name for name in averaged if name not in elsewhere and name in self._narrow]
+            why = (f" ({narrow[0]!r} is finite on every rank: it overflowed {self._narrow[narrow[0]][0]} on the "
+                   f"wire of {self._narrow[narrow[0]][1]})" if narrow else "")
+            self._warn_once("nonfinite", f"the average of {_listed(averaged)} is NaN or Inf{why}; handed back as it "
+                            f"is, as Horovod and DDP do, for a loss scaler to skip the step, with hvdsketch's state "
                             f"(residuals, compressors' state, decisions, the step) kept as it was before it")
             return False
         results.update(exact)

@@ -153,8 +153,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = result if same else _sparse_layout(result.to_dense(), self._sparse[p])
             elif p.grad is None:
                 p.grad = result.to_dense() if result.is_sparse else result
-            else:
-                p.grad.set_(result.to_dense() if result.is_sparse else result)
+            else:  # into its own memory, as Horovod averages it (nothing where the exchange wrote it there)
+                p.grad.copy_(result.to_dense() if result.is_sparse else result)
             self._bytes_dense += p.numel() * p.element_size()
             self._delay[p] = self.backward_passes_per_step
         self._started.clear()

@@ -1,11 +1,13 @@
 """Bad input, misuse and ranks that disagree, with PyTorch: a clear error on every rank or the right
 result, never a hang (each test under a timeout; the exchanger polls in Python, so it is interruptible)."""
 import itertools
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
+from hvdsketch.exchange.diagnosis import NonfiniteStep
 from hvdsketch.spec import SpecError
 from hvdsketch.torch import Compression, DistributedOptimizer
 
@@ -142,7 +144,7 @@ def test_float16_gradients_with_powersgd_stay_finite(hvd):
 def test_a_finite_gradient_that_overflows_float16_is_reported_as_overflow_on_every_rank(hvd):
     layer = linear()
     optimizer = DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), layer.named_parameters(),
-                                     compression="fp16")
+                                     compression="fp16", error_if_nonfinite=True)
     backward(layer, hvd.rank(), scale=1e5 if hvd.rank() == 0 else 1.0)
     with pytest.raises(FloatingPointError, match=f"overflowed float16 on the wire: it is finite on rank {hvd.rank()}"):
         optimizer.step()
@@ -152,7 +154,7 @@ def test_a_finite_gradient_that_overflows_float16_is_reported_as_overflow_on_eve
 def test_a_nan_under_fp16_names_the_rank_that_has_it(hvd):
     layer = linear()
     optimizer = DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), layer.named_parameters(),
-                                     compression="fp16")
+                                     compression="fp16", error_if_nonfinite=True)
     backward(layer, hvd.rank(), scale=float("nan") if hvd.rank() == hvd.size() - 1 else 1.0)
     here = hvd.rank() == hvd.size() - 1
     with pytest.raises(FloatingPointError, match=f"NaN or Inf on rank {hvd.rank()}" if here
@@ -185,8 +187,25 @@ def test_dropin_shapes_of_one_size_that_differ_by_rank_fail_on_every_rank(hvd):
 
 
 @pytest.mark.timeout(60)
-def test_dropin_fp16_overflow_is_reported_as_overflow(hvd):
-    with pytest.raises(FloatingPointError, match="overflow"):
+def test_a_finite_gradient_that_overflows_float16_is_handed_back_as_horovods_and_named_as_overflow(hvd):
+    """By default, as Horovod's ``Compression.fp16``: the Inf average goes back (a loss scaler skips
+    the step), and rank 0 says that the wire overflowed."""
+    layer = linear()
+    optimizer = DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), layer.named_parameters(),
+                                     compression="fp16")
+    backward(layer, hvd.rank(), scale=1e5 if hvd.rank() == 0 else 1.0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", NonfiniteStep)
+        optimizer.synchronize()
+    assert not torch.isfinite(layer.weight.grad).all()
+    assert [str(w.message) for w in seen if "overflowed float16 on the wire" in str(w.message)] == (
+        [str(w.message) for w in seen] if hvd.rank() == 0 else [])
+    assert len(seen) == (hvd.rank() == 0)
+
+
+@pytest.mark.timeout(60)
+def test_dropin_fp16_overflow_is_handed_back_and_reported_as_overflow(hvd):
+    with pytest.warns(NonfiniteStep, match="overflow"):
         dropin_step(hvd, linear(), Compression.fp16, scale=1e5 if hvd.rank() == 0 else 1.0)
 
 
