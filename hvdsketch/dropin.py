@@ -49,7 +49,7 @@ from typing import Any
 from hvdsketch import spec as _spec
 from hvdsketch.compress import REGISTRY, Compressor, TensorContext, create
 from hvdsketch.compress.flight import Flight
-from hvdsketch.compress.state import StateTable
+from hvdsketch.compress.state import StateTable, Undo, undoable
 from hvdsketch.compress.support import is_passthrough
 from hvdsketch.digests import digest
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, NonfiniteStep, nonfinite_message
@@ -194,8 +194,8 @@ class DropInCompression:
             want = ops.constant(want, dtype, tensor)
             agreed = ops.reduce_min(ops.cast(abs(tags - want) <= _TAG_RTOL * abs(want), "int64")) > 0
             tensor = ops.reshape(body, message_shape)
-        finite = True
-        if ops.is_symbolic(tensor):  # inside tf.function: an assertion that runs with the step
+        finite, traced = True, ops.is_symbolic(tensor)
+        if traced:  # inside tf.function: an assertion that runs with the step
             if agreed is not None:
                 ops.check_true(agreed, disagree)
         else:
@@ -204,10 +204,15 @@ class DropInCompression:
                 if agreed is not None and not ops.all_true(flags[1:]):
                     raise ValueError(disagree)
                 finite = False
-        if not flight.advance([tensor]):
-            raise RuntimeError(f"hvdsketch: {self.compressor.name} asked for a second round in the drop-in path")
-        if not finite:
+        undo = Undo()
+        with undoable(undo):
+            if not flight.advance([tensor]):
+                raise RuntimeError(f"hvdsketch: {self.compressor.name} asked for a second round in the drop-in path")
+        if traced:  # each run of the graph puts the held record back where the average is not finite
+            undo.revert_unless(ops.all_finite_flag(tensor))
+        elif not finite:
             flight.rewind()
+            undo.revert()
             self._warn_once(name, ops.all_true([ops.all_finite_flag(given)]), narrow)
         carried = ops.dtype_name(given) in CARRIED_AS
         return ops.cast(flight.result, ops.dtype_name(given)) if carried else flight.result

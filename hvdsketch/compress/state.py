@@ -24,9 +24,11 @@ read and write the same memory, so the graph and Python never part ways.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -63,6 +65,44 @@ def holding(ops: ModuleType, values: Mapping[str, Any]) -> dict[str, Any]:
     return {key: ops.hold(value) if _is_array(value) else value for key, value in values.items()}
 
 
+class Undo:
+    """The held memory a step writes (:func:`written`, inside :func:`undoable`), with what each held
+    before the step's first write, to put back where the step must leave no trace (a loss scaler
+    skips it): eagerly, or in a traced graph as a branch of each of its runs."""
+
+    def __init__(self) -> None:
+        self._before: dict[int, tuple[Any, Any]] = {}
+
+    def keep(self, held: Any) -> None:
+        """Remember what ``held`` holds, before its first write of the step."""
+        if id(held) not in self._before:
+            self._before[id(held)] = held, backend(held).held_value(held)
+
+    def revert(self) -> None:
+        """Write back what every held memory held before the step."""
+        for held, value in self._before.values():
+            backend(held).assign(held, value)
+
+    def revert_unless(self, flag: Any) -> None:
+        """:meth:`revert` where the 0-d truth ``flag`` is false (in a traced graph, at each run)."""
+        if self._before:
+            held = next(iter(self._before.values()))[0]
+            backend(held).unless(flag, self.revert)
+
+
+_undo: contextvars.ContextVar[Undo | None] = contextvars.ContextVar("hvdsketch_undo", default=None)
+
+
+@contextlib.contextmanager
+def undoable(undo: Undo | None) -> Iterator[None]:
+    """Within it, :func:`written` tells ``undo`` (where given) what it overwrites."""
+    token = _undo.set(undo)
+    try:
+        yield
+    finally:
+        _undo.reset(token)
+
+
 def written(kept: Mapping[str, Any], new: Mapping[str, Any], what: str) -> dict[str, Any]:
     """``new`` with each array that ``kept`` holds written into that memory, which takes its place.
 
@@ -77,6 +117,9 @@ def written(kept: Mapping[str, Any], new: Mapping[str, Any], what: str) -> dict[
             given = None if value is None else f"{ops.dtype_name(value)} {ops.shape(value)}"
             raise ValueError(f"hvdsketch: a traced graph keeps {what}'s {key!r} as {ops.dtype_name(old)} "
                              f"{ops.shape(old)}, and a step gave {given}; run the step eagerly")
+        undo = _undo.get()
+        if undo is not None:
+            undo.keep(old)
         ops.assign(old, value)
         out[key] = old
     return out

@@ -72,7 +72,7 @@ from typing import Any, Callable, ContextManager, Literal, Mapping, Sequence
 from hvdsketch.collectives import Communicator
 from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
 from hvdsketch.compress.flight import Flight
-from hvdsketch.compress.state import StateTable
+from hvdsketch.compress.state import StateTable, Undo, undoable
 from hvdsketch.compress.support import is_passthrough, values_of
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, NonfiniteStep, nonfinite_message
@@ -144,8 +144,13 @@ class Exchanger:
         self._given: dict[str, Any] = {}
         self._narrow: dict[str, tuple[str, str]] = {}
         self._carried: dict[str, str] = {}
-        #: The state before this step (eager steps), put back where the step is not finite.
+        #: The state before this step (eager steps), and the held memory it writes (a traced graph's),
+        #: put back where the step is not finite.
         self._before: _Before | None = None
+        self._undo: Undo | None = None
+        #: Whether the last step stood (its averages finite, or exchanged exactly): a 0-d truth of
+        #: each run where the step was traced; else a step left no trace.
+        self.stood: Any = True
         #: This step's inputs of methods that can overflow (:attr:`Compressor.overflows`), by name.
         self._kept: dict[str, tuple[Any, TensorContext, Compressor]] = {}
         self._warned: set[str] = set()  # the kinds of warning rank 0 gave (once each)
@@ -182,7 +187,10 @@ class Exchanger:
         averages a gradient in place) that the result is written into, where nothing reads the
         tensor after its exchange (not while ``auto`` observes a step); else the result is new."""
         began = time.perf_counter()
-        self._start(name, tensor, out)
+        if not self.flights and not self.error_if_nonfinite:  # the step's first tensor
+            self._undo = Undo()
+        with undoable(self._undo):
+            self._start(name, tensor, out)
         self.communicator.stats.seconds["start"] += time.perf_counter() - began
 
     def _start(self, name: str, tensor: Any, out: Any) -> None:
@@ -238,16 +246,19 @@ class Exchanger:
         started, so the rounds of multi-round methods travel together."""
         began = time.perf_counter()
         try:
-            with self.watchdog.watching(self._stalled):
+            with self.watchdog.watching(self._stalled), undoable(self._undo):
                 self.protocol.end(self.step)  # before any gradient: ranks of other setups start other collectives
                 results = self.flights.wait_all()
             self.communicator.stats.seconds["codec"] += self.flights.codec_seconds()
-            finite = self._check(results)
+            self.stood = True
+            finite = self._check(results)  # (a traced step's stood is set there: a truth of each run)
+            if not self._traced:
+                self.stood = finite
             results.update({name: _cast(results[name], dtype) for name, dtype in self._carried.items()})
         finally:
             for kept in (self.flights, self._given, self._narrow, self._carried, self._kept):
                 kept.clear()
-            self._before = None
+            self._before = self._undo = None
         if self.op == "sum":
             results = {name: _scaled(r, self.communicator.size) for name, r in results.items()}
         self.communicator.stats.seconds["finish"] += time.perf_counter() - began
@@ -312,7 +323,7 @@ class Exchanger:
         self.flights.clear()
         self._inputs.clear()
         self._kept.clear()
-        self._before = None
+        self._before = self._undo = None
         self.protocol.abandon()
 
     def _check(self, results: dict[str, Any]) -> bool:
@@ -328,6 +339,10 @@ class Exchanger:
             if self.error_if_nonfinite:
                 results.update({name: _with_values(r, ops.check_finite(values_of(r), self._nonfinite(name, None)))
                                 for name, r in results.items() if name in floating})
+            else:  # each run of the graph puts its held state back where an average is not finite
+                flags = [ops.cast(ops.reshape(ops.all_finite_flag(v), (1,)), "int64") for v in floating.values()]
+                self.stood = ops.reduce_min(ops.concat(flags)) > 0
+                self._undo.revert_unless(self.stood)
             return True
         flags = [ops.all_finite_flag(r) for r in floating.values()]
         if self.error_if_nonfinite:
@@ -360,6 +375,7 @@ class Exchanger:
         exact = self._exactly(overflowed) if overflowed else {}
         redone = [name for name, r in exact.items() if ops.all_true([ops.all_finite_flag(values_of(r))])]
         if set(averaged) - set(redone):  # a rank's gradient was not finite: the loss scaler's step
+            self._undo.revert()
             self.states.restore(before.states)
             for memory, snapshot in before.memories.items():
                 memory.restore(snapshot)

@@ -71,6 +71,14 @@ class Ops(Protocol):
     def assign(self, held: Tensor, x: Tensor) -> None:
         """Write ``x`` (of ``held``'s shape and dtype) into ``held``: in a traced graph, at each run."""
 
+    def held_value(self, held: Tensor) -> Tensor:
+        """What ``held`` holds now, left as it is by later :meth:`assign`\ s (in a traced graph, a
+        read that runs before them)."""
+
+    def unless(self, flag: Tensor, action: Callable[[], None]) -> None:
+        """Run ``action`` (writes of held memory) where the 0-d truth ``flag`` is false: eagerly at
+        once (a host sync), in a traced graph as a branch that runs with the step."""
+
     # -- creating tensors (each on ``like``'s device) -------------------------------------------
 
     def zeros(self, n: int | Sequence[int], dtype: str, like: Tensor) -> Tensor:

@@ -388,3 +388,12 @@ def is_held(x: Tensor) -> bool:
 
 def assign(held: Tensor, x: Tensor) -> None:
     held[...] = x
+
+
+def held_value(held: Tensor) -> Tensor:
+    return held.copy()
+
+
+def unless(flag: Tensor, action: Callable[[], None]) -> None:
+    if not bool(flag):
+        action()

@@ -426,3 +426,20 @@ def is_held(x: Tensor) -> bool:
 
 def assign(held: Tensor, x: Tensor) -> None:
     held.assign(x)
+
+
+def held_value(held: Tensor) -> Tensor:
+    return tf.identity(held)
+
+
+def unless(flag: Tensor, action: Callable[[], None]) -> None:
+    if tf.executing_eagerly():
+        if not bool(flag):
+            action()
+        return
+
+    def act() -> Tensor:
+        action()
+        return tf.constant(True)
+
+    tf.cond(tf.convert_to_tensor(flag), lambda: tf.constant(False), act)

@@ -443,3 +443,12 @@ def is_held(x: Tensor) -> bool:
 
 def assign(held: Tensor, x: Tensor) -> None:
     held.copy_(x)
+
+
+def held_value(held: Tensor) -> Tensor:
+    return held.clone()
+
+
+def unless(flag: Tensor, action: Callable[[], None]) -> None:
+    if not bool(flag):
+        action()

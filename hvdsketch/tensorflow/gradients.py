@@ -53,7 +53,7 @@ on_new_tape: list[weakref.WeakMethod] = []
 @tf.autograph.experimental.do_not_convert  # called where a tape is made, inside tf.function too: plain Python
 def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, sparse_as_dense: bool,
                       gradient_predivide_factor: float, process_set: Any, device_dense: str,
-                      device_sparse: str, shared: bool = True) -> "GradientExchange":
+                      device_sparse: str, error_if_nonfinite: bool = False, shared: bool = True) -> "GradientExchange":
     """The :class:`GradientExchange` of this setup: with ``shared``, the one of this process (made at
     the first call), for the tapes made anew every step; else a new one (an optimizer's own).
 
@@ -64,7 +64,7 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
     process_set = hvd.global_process_set if process_set is None else process_set
     flag = spec.resolve(compression) if compression is None else compression
     key = (_identity(flag), _identity(memory), reduction, sparse_as_dense, gradient_predivide_factor,
-           process_set.process_set_id, device_dense, device_sparse)
+           process_set.process_set_id, device_dense, device_sparse, error_if_nonfinite)
     if shared and key in _exchanges:
         return _exchanges[key]
     policy = _policy.create(compression)
@@ -77,7 +77,8 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
     exchange = GradientExchange(device_dense, device_sparse)
     exchange.exchanger = Exchanger(policy, communicator,
                                    None if memory is None else create_memory(memory), op=reduction,
-                                   sparse_as_dense=sparse_as_dense, prefix=prefix, placement=exchange.placement)
+                                   sparse_as_dense=sparse_as_dense, prefix=prefix, placement=exchange.placement,
+                                   error_if_nonfinite=error_if_nonfinite)
     if shared:
         exchange.keep = (compression, memory)  # the objects whose identity is in the key stay alive
         _exchanges[key] = exchange
@@ -171,7 +172,8 @@ class GradientExchange:
             self._dense_in_python += dense
         else:
             self._sent_at_traces += sent
-            self._graph_counts.assign_add(tf.constant([sent, dense, 1], tf.int64))
+            stood = tf.cast(self.exchanger.stood, tf.int64)  # a step left without trace is no step
+            self._graph_counts.assign_add(tf.stack([tf.constant(sent, tf.int64), tf.constant(dense, tf.int64), stood]))
 
     def steps_run(self) -> int:
         """Steps run, eager or by traced graphs: the exchanger's step, advanced now by the steps

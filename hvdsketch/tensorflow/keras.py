@@ -165,7 +165,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
                          compression: Any = None, sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                          op: Any = None, backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: Any = None,
-                         scale_local_gradients: bool = True, memory: Any = None) -> Any:
+                         scale_local_gradients: bool = True, memory: Any = None,
+                         error_if_nonfinite: bool = False) -> Any:
     """Wrap a tf-keras optimizer so that the gradients it computes are reduced across Horovod ranks.
 
     Horovod 0.28.1's arguments, in its order, with its meaning (see
@@ -182,6 +183,11 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         compression: a flag (``"powersgd:rank=2"``, ``"sketch:density=0.05"``), rules, a compressor,
             a policy, a drop-in compression or Horovod's ``Compression.none`` / ``.fp16``.
         memory: error feedback (``"fp32"``).
+        error_if_nonfinite: ``False`` (the default): a NaN or Inf average is handed back, as
+            Horovod's is, for a loss scaler to skip the step, and hvdsketch's state (residuals,
+            compressors' state, decisions, step) stays as it was before that step (inside
+            ``tf.function`` too); ``True``: raise on every rank instead (``FloatingPointError``
+            eagerly, a failed assertion inside ``tf.function``).
     """
     import horovod.tensorflow as hvd
 
@@ -202,7 +208,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {**methods, "__module__": optimizer.__class__.__module__})
     wrapped = cls.from_config(config)
     exchange = gradient_exchange(hvd, compression, memory, reduction, sparse_as_dense, gradient_predivide_factor,
-                                 process_set, device_dense, device_sparse, shared=False)
+                                 process_set, device_dense, device_sparse, error_if_nonfinite, shared=False)
     aggregation = (None if backward_passes_per_step == 1 else
                    _Aggregation(backward_passes_per_step, average_aggregated_gradients, sparse_as_dense))
     wrapped._hvdsketch = _Setup(exchange, groups, scale_local_gradients, aggregation)

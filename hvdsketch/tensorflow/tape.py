@@ -76,7 +76,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
                             compression: "str | Compressor | Policy | Mapping | list | None" = None,
                             sparse_as_dense: bool = False, op: Any = None, gradient_predivide_factor: float = 1.0,
                             num_groups: int = 0, groups: Any = None, process_set: Any = None,
-                            scale_local_gradients: bool = True, memory: Any = None) -> tf.GradientTape:
+                            scale_local_gradients: bool = True, memory: Any = None,
+                            error_if_nonfinite: bool = False) -> tf.GradientTape:
     """Wrap ``gradtape`` so that ``gradient()`` returns gradients reduced across Horovod ranks.
 
     Horovod 0.28.1's arguments, in its order, with its meaning:
@@ -104,6 +105,11 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
             ``register_local_source`` by the process set's size.
         memory: error feedback: a ``--memory`` flag (``"fp32"``) or a :class:`hvdsketch.memory.Memory`;
             ``None`` for none.
+        error_if_nonfinite: ``False`` (the default): a NaN or Inf average is handed back, as
+            Horovod's is, for a loss scaler to skip the step, and hvdsketch's state (residuals,
+            compressors' state, decisions, step) stays as it was before that step (inside
+            ``tf.function`` too); ``True``: raise on every rank instead (``FloatingPointError``
+            eagerly, a failed assertion inside ``tf.function``).
     """
     import horovod.tensorflow as hvd
 
@@ -119,7 +125,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
                                            hvd.global_process_set if process_set is None else process_set,
                                            scale_local_gradients)
     exchange = gradient_exchange(hvd, compression, memory, reduction, sparse_as_dense, gradient_predivide_factor,
-                                 process_set, device_dense, device_sparse)
+                                 process_set, device_dense, device_sparse, error_if_nonfinite)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,), dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, exchange, groups, scale_local_gradients, gradtape._persistent,
                gradtape._watch_accessed_variables)

@@ -89,7 +89,7 @@ def test_a_finite_gradient_that_overflows_float16_is_reported_as_overflow(hvd, g
     target = tf.fill([16], 1e5 if hvd.rank() == 0 else 1.0)
     error = tf.errors.InvalidArgumentError if graph else FloatingPointError
     with pytest.raises(error, match="overflowed float16 on the wire"):
-        gradient(tf.Variable(tf.zeros(16)), target, "fp16", graph=graph)
+        gradient(tf.Variable(tf.zeros(16)), target, "fp16", graph=graph, error_if_nonfinite=True)
 
 
 @timeout

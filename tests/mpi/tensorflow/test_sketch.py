@@ -68,12 +68,13 @@ def test_keras_embedding_training_keeps_replicas_bit_identical(hvd, assert_repli
     assert_replicas_identical(model)
 
 
-def test_nan_on_one_rank_raises_on_every_rank_in_graph(hvd):
+def test_an_inf_on_one_rank_comes_back_on_every_rank_in_graph(hvd):
+    """As Horovod's compressions hand it back inside ``tf.function`` (a loss scaler skips the step)."""
     g = cases.row_sparse_gradient(hvd.rank(), cases.LOSSY_SHAPE, 4, integer=False)
     if hvd.rank() == 0:
         g[1, 1] = np.inf
-    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or Inf"):
-        horovod_tape_average(hvd, Compression.sketch(error=0.5, density=0.05), g, graph=True)
+    got = horovod_tape_average(hvd, Compression.sketch(error=0.5, density=0.05), g, graph=True)
+    assert not np.isfinite(got).all()
 
 
 def test_mismatched_specs_fail_on_every_rank(hvd):
