@@ -24,11 +24,15 @@ DOCS = Path(__file__).resolve().parent
 FRAMEWORK_PAGES = {"api/torch": "main", "api/ddp": "main", "api/tensorflow": "tensorflow"}
 
 
+def sphinx_command(out: Path, doctrees: Path, *options: str) -> list[str]:
+    """One Sphinx run over docs/ into ``out``: nitpicky, warnings as errors, every page read anew."""
+    return [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q", "-n", "-E",
+            "-d", str(doctrees), *options, str(DOCS), str(out)]
+
+
 def sphinx(out: Path, doctrees: Path, *options: str, env: dict[str, str] | None = None) -> int:
-    """One Sphinx run over docs/ into ``out``, warnings as errors."""
-    command = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q", "-n", "-E",
-               "-d", str(doctrees), *options, str(DOCS), str(out)]
-    return subprocess.run(command, env={**os.environ, **(env or {})}).returncode
+    """Run :func:`sphinx_command`; its exit status."""
+    return subprocess.run(sphinx_command(out, doctrees, *options), env={**os.environ, **(env or {})}).returncode
 
 
 def read_inventory(path: Path) -> tuple[bytes, list[bytes]]:
