@@ -75,13 +75,14 @@ html_copy_source = False
 
 def _stub(app: Sphinx, docname: str, source: list[str]) -> None:
     """A page of the other run: its title only (that run builds it)."""
-    if FRAMEWORK_PAGES.get(docname, RUN) != RUN:  # an .rst page: its title is its first two lines
+    if FRAMEWORK_PAGES.get(docname, RUN) != RUN:  # an API page, in reST: its title is its first two lines
         title = "\n".join(source[0].splitlines()[:2])
         source[0] = f"{title}\n\nBuilt by the {FRAMEWORK_PAGES[docname]} run of docs/build.py.\n"
 
 
 #: The framework the other run imports: never imported here.
 OTHER_FRAMEWORK = "torch" if RUN == "tensorflow" else "tensorflow"
+_MISSING = object()
 
 
 def _exists(path: str) -> bool:
@@ -96,8 +97,10 @@ def _exists(path: str) -> bool:
         except ImportError:
             continue
         for name in parts[cut:]:
-            found = getattr(found, name, _exists)
-        return found is not _exists
+            found = getattr(found, name, _MISSING)
+            if found is _MISSING:
+                return False
+        return True
     return False
 
 
