@@ -48,7 +48,7 @@ step "PyTorch $TORCH_VERSION, TensorFlow $TF_VERSION, hvdsketch (editable) and i
 # dependencies (its wheel is installed without them below).
 quiet $PIP install -q --upgrade pip setuptools wheel
 quiet $PIP install -q --no-build-isolation "torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" \
-  "tf-keras==$TF_KERAS_VERSION" "cmake>=3.13,<4" cloudpickle psutil PyYAML packaging -e "$ROOT[lab,test]"
+  "tf-keras==$TF_KERAS_VERSION" "cmake>=3.13,<4" cloudpickle psutil PyYAML packaging -e "$ROOT[lab,test,docs]"
 
 step "Horovod $HOROVOD_VERSION wheel ($KEY)"
 if ! ls "$WHEELDIR"/horovod-*.whl >/dev/null 2>&1; then

@@ -414,8 +414,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             sparse again, so the optimizer sees the layout autograd gave.
         process_set: a Horovod process set to average over (default: every rank).
         memory: error feedback: a ``--memory`` flag (``"fp32"``, ``"plan:budget=0.25"``) or a
-            :class:`hvdsketch.memory.Memory`; ``None`` for none. Its residuals are part of
-            :meth:`state_dict`.
+            :class:`hvdsketch.memory.Memory`; ``None`` for none. Its residuals are part of the
+            optimizer's ``state_dict()``.
         collectives: ``"horovod"`` (Horovod's collectives: NCCL and tensor fusion on GPUs) or
             ``"mpi"`` (hvdsketch's mpi4py layer, :mod:`hvdsketch.collectives.mpi`: a bitwise-OR ring
             constant in N, allgathers without padding; CPU tensors travel without copies, GPU

@@ -81,12 +81,3 @@ def test_importing_the_plugin_loads_none_of_the_lab_dependencies(framework, adap
     assert any(m == f"hvdsketch.{framework}" for m in loaded)
     assert [m for m in loaded if m.startswith(LAB_ONLY)] == []
 
-
-def test_the_readme_opens_with_the_pitch_install_the_one_line_change_and_which_flag():
-    """A newcomer's first screenful: install, the change for each front end, and the table of flags."""
-    opening = "\n".join((ROOT / "README.md").read_text().splitlines()[:60])
-    for needed in ("## Install", "pip install hvdsketch", 'pip install "hvdsketch[lab]"',
-                   "## The one-line change", "hvdsketch.torch.DistributedOptimizer",
-                   "hvdsketch.tensorflow.DistributedGradientTape", "register_comm_hook", "## Which flag",
-                   "| `allgather` |", "| `auto` |", "| `none` |"):
-        assert needed in opening, needed
