@@ -29,24 +29,23 @@ so it cannot run under ``fullgraph=True`` (``compiled_autograd_kwargs_override``
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.torch.optimizer import _as_torch
 
-if TYPE_CHECKING:
-    from hvdsketch.torch.ddp import ExchangeState
-
 #: What this form is, in errors.
 FORM = "DDP's per-parameter hook form (torch.compile with optimize_ddp='python_reducer')"
 
 
 class ParameterSteps:
-    """The gradients of one step in DDP's per-parameter form, for ``state``, until the step's last."""
+    """The gradients of one step in DDP's per-parameter form, for ``state`` (the
+    :class:`~hvdsketch.torch.ddp.ExchangeState` that makes this, whose exchanger and steps it drives),
+    until the step's last."""
 
-    def __init__(self, state: ExchangeState) -> None:
+    def __init__(self, state: Any) -> None:
         self.state = state
         #: The parameters DDP reduces (those requiring a gradient, less ``parameters_to_ignore``).
         self.expected = frozenset(state._reduced)
