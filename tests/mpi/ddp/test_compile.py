@@ -54,6 +54,17 @@ def dynamo_mode(mode: str | None):
         yield
 
 
+def assert_as_buckets_sum(ours: torch.Tensor, buckets: torch.Tensor) -> None:
+    """The per-parameter form's weights against the bucket form's: the same bits at 2 ranks (a sum of
+    two has one order); beyond, to float rounding where the per-parameter form fuses the step's
+    gradients in model order and DDP's buckets (rebuilt in gradient-ready order) another: gloo's ring
+    adds each element in an order set by its place."""
+    if dist.get_world_size() == 2:
+        assert torch.equal(ours, buckets)
+    else:
+        torch.testing.assert_close(ours, buckets, rtol=1e-5, atol=1e-6)
+
+
 def hooked(module: torch.nn.Module, compression: str) -> tuple[torch.nn.Module, ExchangeState]:
     """``module`` in DDP (its default buckets: DDPOptimizer takes none under 1 MB) with hvdsketch's hook."""
     wrapped = torch.nn.parallel.DistributedDataParallel(module)
@@ -79,16 +90,14 @@ def trained(mode: str | None, compression: str) -> tuple[torch.nn.Module, Exchan
 @pytest.mark.parametrize("compression", ["none", "allgather"])
 @EVERY_MODE
 def test_compiled_steps_equal_eager(mode, compression):
-    """The eager hook's weights after 5 steps: the same bits at 2 ranks (a sum of two has one order);
-    beyond, to float rounding where the per-parameter form fuses the step's gradients in model order
-    and DDP's buckets (rebuilt in gradient-ready order) another: gloo's ring adds each element in
-    an order set by its place. Compiled autograd really traced the backward."""
+    """The eager hook's weights after 5 steps (the per-parameter form's: :func:`assert_as_buckets_sum`);
+    compiled autograd really traced the backward."""
     reference, _ = trained(None, compression)
     module, state = trained(mode, compression)
-    if dist.get_world_size() == 2 or mode == "ddp_optimizer":
+    if mode == "ddp_optimizer":
         assert torch.equal(flat(module), flat(reference))
     else:
-        torch.testing.assert_close(flat(module), flat(reference), rtol=1e-5, atol=1e-6)
+        assert_as_buckets_sum(flat(module), flat(reference))
     assert state.report()["steps"] == STEPS
     if mode == "python_reducer":
         assert torch._dynamo.utils.counters["compiled_autograd"]["captures"] >= 1
@@ -162,3 +171,24 @@ def test_per_parameter_steps_on_the_gradients_device(compression):
             optimizer.step()
     assert_replicas_agree(module)
     assert state.report()["steps"] == 3
+
+
+@per_parameter_form
+def test_no_sync_accumulates_as_in_the_bucket_form():
+    """Two micro-batches under ``no_sync()`` (DDP calls no hook), a third synchronized: one exchange of
+    the sum a step, as in the bucket form."""
+    results = []
+    for make in (hooked, per_parameter):
+        module = model(sparse=False)
+        wrapped, state = make(module, "none")
+        optimizer, data = sgd(module), batches(6)
+        for first in (0, 3):
+            optimizer.zero_grad()
+            with wrapped.no_sync():
+                loss(wrapped, data[first]).backward()
+                loss(wrapped, data[first + 1]).backward()
+            loss(wrapped, data[first + 2]).backward()
+            optimizer.step()
+        results.append(flat(module))
+        assert state.exchanger.step == 2
+    assert_as_buckets_sum(results[1], results[0])
