@@ -28,10 +28,11 @@ from tests.mpi.torch.test_device import AUTO, meta_default
 STEPS = 5
 MODES = {"ddp_optimizer": {"optimize_ddp": "ddp_optimizer"},
          "python_reducer": {"optimize_ddp": "python_reducer", "compiled_autograd": True}}
-#: An older PyTorch's DDP has no per-parameter form (PyTorch 2.1 has no "python_reducer").
+#: An older PyTorch has no per-parameter form in DDP, or no compiled autograd in torch.compile's config.
 per_parameter_form = pytest.mark.skipif(
-    not hasattr(torch.nn.parallel.DistributedDataParallel, "_register_accum_grad_hook"),
-    reason="this PyTorch's DDP has no per-parameter form (optimize_ddp='python_reducer')")
+    not (hasattr(torch.nn.parallel.DistributedDataParallel, "_register_accum_grad_hook")
+         and hasattr(torch._dynamo.config, "compiled_autograd")),
+    reason="this PyTorch has no optimize_ddp='python_reducer' with compiled autograd")
 EVERY_MODE = pytest.mark.parametrize(
     "mode", [pytest.param(mode, marks=per_parameter_form if mode == "python_reducer" else ()) for mode in MODES])
 
