@@ -31,6 +31,11 @@ if ! command -v mpirun >/dev/null || ! command -v tc >/dev/null || ! command -v 
     bible-kjv wordnet-base dataset-fashion-mnist >/dev/null
 fi
 
+step "PyTorch's newest release that installs here, in an environment of its own (no Horovod)"
+# launch/torch-env.sh: made once, kept beside the Horovod wheel; launch/test.sh runs the unit tests and
+# tests/mpi/ddp there too
+bash "$ROOT/launch/torch-env.sh" >/dev/null
+
 if [ -f "$STAMP" ] && [ "$ROOT/setup.cfg" -ot "$STAMP" ] && [ "$0" -ot "$STAMP" ]; then
   echo "[setup] already set up ($KEY)"; exit 0
 fi

@@ -47,6 +47,20 @@ for np in 2 3 4; do
       "${MPIRUN[@]}" -np "$np" --output-filename "$out" "${PYTEST[@]}" "tests/mpi/$s"
   done
 done
+# The tests that need neither Horovod nor TensorFlow (tests/unit skips the rest) on PyTorch's newest release
+# too, in its own environment (launch/torch-env.sh, made by setup.sh), its python first on every rank's PATH.
+NEWEST_PYTHON=$(bash launch/torch-env.sh 2>/dev/null)
+NEWEST_TORCH=$("$NEWEST_PYTHON" -c 'import torch; print(torch.__version__)')
+PINNED_PATH=$PATH
+export PATH="$(dirname "$NEWEST_PYTHON"):$PATH"
+suite "unit torch $NEWEST_TORCH" 1500 "$LOGS/unit torch $NEWEST_TORCH.log" "${PYTEST[@]}" tests/unit
+for np in 2 4; do
+  out="$LOGS/np$np-ddp-newest"
+  suite "mpi np=$np ddp torch $NEWEST_TORCH" 900 "$out/1/rank.0/stdout" \
+    "${MPIRUN[@]}" -np "$np" --output-filename "$out" "${PYTEST[@]}" tests/mpi/ddp
+done
+export PATH=$PINNED_PATH
+
 echo "logs: $LOGS"
 echo "$PASSED passed, $FAILED failed"
 [ "$BAD_RUNS" -eq 0 ] && [ "$FAILED" -eq 0 ]

@@ -110,7 +110,17 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
             compressors' state, decisions, step) stays as it was before that step (inside
             ``tf.function`` too); ``True``: raise on every rank instead (``FloatingPointError``
             eagerly, a failed assertion inside ``tf.function``).
+
+    Raises:
+        TypeError: ``gradtape`` is one that Horovod's or hvdsketch's ``DistributedGradientTape`` already wrapped.
     """
+    if callable(getattr(gradtape, "register_local_source", None)):
+        whose = "hvdsketch.tensorflow" if hasattr(gradtape, "_exchange") else "hvd"
+        raise TypeError(f"hvdsketch: DistributedGradientTape got a tape that {whose}.DistributedGradientTape already "
+                        f"wrapped (it has register_local_source()), whose gradients would be reduced twice; wrap the "
+                        f"tf.GradientTape once, with hvdsketch.tensorflow.DistributedGradientTape alone (it takes "
+                        f"Horovod's arguments): with tf.GradientTape() as tape: ...; then "
+                        f"tape = hvdsketch.tensorflow.DistributedGradientTape(tape, compression=...)")
     import horovod.tensorflow as hvd
 
     reduction = reduction_of(hvd, op, gradient_predivide_factor)

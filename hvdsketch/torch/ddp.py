@@ -99,6 +99,7 @@ from hvdsketch.exchange import Exchanger, agreement, checkpoint
 from hvdsketch.exchange.report import report_of
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.torch import saved
+from hvdsketch.torch.ddp_param import ParameterSteps
 from hvdsketch.torch.optimizer import _as_hvdsketch, _as_torch, _named, _sparse_layout
 
 __all__ = ["ExchangeState", "exchange_hook"]
@@ -168,6 +169,7 @@ class ExchangeState:
         self._resumed: list[tuple[str, ...]] = []  # the buckets of the step a checkpoint was saved after
         self._streaming = False  # this step's buckets start as they come
         self._bytes_dense = 0
+        self._parameter_steps = ParameterSteps(self)  # DDP's per-parameter form (compiled autograd)
 
     # -- one bucket, one step ---------------------------------------------------------------------
 
@@ -335,7 +337,12 @@ def _communicator(collectives: str, process_group: Any) -> Any:
     return communicator
 
 
+@torch.compiler.disable  # run eagerly where dynamo would trace it (a compiled step's backward, compiled autograd)
 def exchange_hook(state: ExchangeState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: ``bucket``'s gradients averaged by hvdsketch's exchanger, as a future
-    (``ddp_model.register_comm_hook(ExchangeState(ddp_model, compression=...), exchange_hook)``)."""
+    (``ddp_model.register_comm_hook(ExchangeState(ddp_model, compression=...), exchange_hook)``).
+    Called as ``exchange_hook(state, (param.grad, param))`` (compiled autograd's per-parameter form), it
+    averages ``param.grad`` in place at the step's last gradient (:mod:`hvdsketch.torch.ddp_param`)."""
+    if isinstance(bucket, tuple):
+        return state._parameter_steps.add(*bucket)
     return state.reduce(bucket)

@@ -341,6 +341,13 @@ def _check_arguments(optimizer: Any, backward_passes_per_step: Any, gradient_pre
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"hvdsketch: DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    if callable(getattr(optimizer, "synchronize", None)) and callable(getattr(optimizer, "skip_synchronize", None)):
+        whose = "hvdsketch.torch.DistributedOptimizer" if isinstance(optimizer, Distributed) else "hvd.DistributedOptimizer"
+        raise TypeError(f"hvdsketch: DistributedOptimizer got an optimizer that {whose} already wrapped (it has "
+                        f"synchronize()), whose gradients would be averaged twice; wrap the torch.optim optimizer "
+                        f"once, with hvdsketch.torch.DistributedOptimizer alone (it takes Horovod's arguments): "
+                        f"hvdsketch.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=...), "
+                        f"named_parameters=model.named_parameters(), compression=...)")
     if not isinstance(backward_passes_per_step, int) or isinstance(backward_passes_per_step, bool):
         raise TypeError(f"hvdsketch: backward_passes_per_step must be an int, got {backward_passes_per_step!r}")
     if backward_passes_per_step < 1:
@@ -426,6 +433,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             ``scaler.step(optimizer)`` inside ``skip_synchronize()``), and hvdsketch's state
             (residuals, compressors' state, decisions, step) stays as it was before that step;
             ``True``: raise ``FloatingPointError`` on every rank instead.
+
+    Raises:
+        TypeError: ``optimizer`` is no ``torch.optim.Optimizer``, or one that Horovod's or hvdsketch's
+            ``DistributedOptimizer`` already wrapped.
     """
     import horovod.torch as hvd
 

@@ -23,6 +23,7 @@ from hvdsketch.lab.bench.targets import MET, MISSED, UNDECIDED, Outcome, combine
 from hvdsketch.lab.bench.train import (Result, _why, carried, earlier_results, markdown, ordered, outcomes, plots,
                                        probe_notice, probe_problem)
 from hvdsketch.spec import Spec, SpecError
+from tests import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -647,6 +648,7 @@ def test_byte_formulas_match_the_mpi_counters(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"), reason="cluster.sh needs root, ip and tc")
+@needs.horovod
 def test_bench_train_runs_a_tiny_matrix_on_the_cluster(tmp_path):
     config = write(tmp_path, "bench.yaml", f"""\
         rates: [1gbit]
@@ -715,6 +717,7 @@ def test_a_step_breaks_down_into_compute_codec_wait_and_update(timing, phases, e
 
 
 
+@needs.horovod  # hvdsketch train
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path, flag", [("local", "none"), ("hvdsketch", "allgather")])
 def test_a_training_record_breaks_its_step_down(tmp_path, path, flag):

@@ -11,6 +11,7 @@ import pytest
 
 from hvdsketch.lab.bench.ddp import add_arguments, dense_workload, parse_hook
 from hvdsketch.spec import SpecError
+from tests import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,6 +59,7 @@ def run(tmp_path: Path, name: str, command: list[str]) -> dict:
     return json.loads(record.read_text())
 
 
+@needs.horovod
 def test_dense_ddp_trains_like_hvdsketch_dense(tmp_path):
     """Same workload, seed, data and steps: DDP's dense allreduce and hvdsketch's end at the same
     validation loss (to summation order), and write records with the same keys."""
@@ -73,6 +75,7 @@ def test_dense_ddp_trains_like_hvdsketch_dense(tmp_path):
     assert ddp["bytes_sent_per_step"] == ddp["bytes_dense_per_step"] == ours["bytes_dense_per_step"]
 
 
+@needs.horovod
 def test_hvdsketch_hook_trains_like_hvdsketch_optimizer(tmp_path):
     """The baseline's ``--hook hvdsketch``: the config's compression through hvdsketch's DDP hook, the
     embedding's gradient sparse, ends where hvdsketch's optimizer with that compression ends and

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.spawn import clean_env
 
+pytestmark = needs.horovod
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "elastic" / "worker.py"
 LIMIT = 150

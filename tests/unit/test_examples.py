@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.spawn import clean_env
 
+pytestmark = needs.horovod
 ROOT = Path(__file__).resolve().parents[2]
 #: Every drop-in compressor (tests/unit/test_dropin_namespace.py checks the list), the sketch with
 #: its drop-in sizing, random-k with a ratio that trains in a few steps.

@@ -23,6 +23,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests import needs
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
 
@@ -87,6 +89,7 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
+@needs.horovod  # the user here has PyTorch and Horovod
 def test_the_wheel_installs_the_plugin_and_the_console_script_asks_for_the_lab(wheel, tmp_path):
     venv, visible = tmp_path / "venv", tmp_path / "visible"
     done = run(sys.executable, "-m", "venv", "--without-pip", venv)

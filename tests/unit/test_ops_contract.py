@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from hvdsketch.ops import contract, numpy as np_ops, tensorflow as tf_ops, torch as torch_ops
+pytest.importorskip("tensorflow")  # the pinned environment has it; the newest PyTorch's has not
+from hvdsketch.ops import contract, numpy as np_ops, tensorflow as tf_ops, torch as torch_ops  # noqa: E402
 
 BACKENDS = {"numpy": np_ops, "torch": torch_ops, "tensorflow": tf_ops}
 FUNCTIONS = sorted(name for name, member in vars(contract.Ops).items()

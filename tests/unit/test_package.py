@@ -10,6 +10,8 @@ from pathlib import Path
 import networkx
 import pytest
 
+from tests import needs
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "hvdsketch"
 LAB_ONLY = ("yaml", "tqdm", "matplotlib", "mpi4py", "hvdsketch.lab")
@@ -68,6 +70,7 @@ def test_the_plugin_never_imports_the_lab():
     assert not [(m, t) for m in plugin for t in g.successors(m) if t.startswith("hvdsketch.lab")]
 
 
+@needs.horovod
 @pytest.mark.parametrize("framework, adapter", [("torch", "horovod.torch"), ("tensorflow", "horovod.tensorflow")])
 def test_importing_the_plugin_loads_none_of_the_lab_dependencies(framework, adapter):
     """Measured against what the framework and Horovod load themselves (torch imports tqdm, say)."""

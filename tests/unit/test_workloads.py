@@ -12,6 +12,7 @@ import torch
 from hvdsketch.lab import workloads
 from hvdsketch.spec import SpecError
 from hvdsketch.lab.workloads import corpora, data
+from tests import needs
 
 #: Narrow models so a few steps run in well under a second; data and vocabularies stay full size.
 SMALL = {"lstm": dict(embed_dim=32, hidden=32, vocab_size=2000), "fasttext": dict(embed_dim=16),
@@ -177,6 +178,7 @@ def test_the_image_model_gradients_are_dense():
     assert min(float((g != 0).float().mean()) for g in grads) > 0.5  # the LM embedding's: < 0.05
 
 
+@needs.tensorflow
 def test_the_keras_language_model_has_an_indexed_slices_embedding_gradient_and_learns():
     import tensorflow as tf
 
