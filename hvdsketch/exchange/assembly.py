@@ -1,0 +1,37 @@
+"""A front end's exchanger, made from the user's flags: policy, residual memory, communicator.
+
+Every front end over ``torch.distributed`` (the DDP hook, FSDP's reduce-scatter and its replica
+all-reduce) makes its :class:`~hvdsketch.exchange.Exchanger` here, from what the user wrote
+(``compression=``, ``memory=``) and the communicator it chose, so none of them assembles the engine
+by itself.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hvdsketch.collectives import Communicator
+from hvdsketch.exchange.exchanger import Exchanger
+
+
+def assemble(compression: Any, memory: Any, communicator: Communicator,
+             policies: Callable[[Any], Any] | None = None, **options: Any) -> Exchanger:
+    """The exchanger of ``compression`` (a flag, rules, a compressor or a policy, as
+    :func:`hvdsketch.policy.create` takes) and ``memory`` (a ``--memory`` flag, a
+    :class:`~hvdsketch.memory.Memory`, or ``None`` for no error feedback) over ``communicator``.
+
+    Args:
+        policies: makes the policy from ``compression`` (default :func:`hvdsketch.policy.create`;
+            FSDP's reduce-scatter: :func:`hvdsketch.policy.scatter.create`).
+        options: the :class:`~hvdsketch.exchange.Exchanger`'s own (``prefix``, ``error_if_nonfinite``, ...).
+
+    Raises :class:`hvdsketch.spec.SpecError` for a flag that names nothing valid.
+
+    Example::
+
+        exchanger = assemble("topk:ratio=0.01", "fp32", TorchDistCommunicator(), prefix="hvdsketch.ddp")
+    """
+    from hvdsketch.memory import create as create_memory
+    from hvdsketch.policy import create as create_policy
+
+    policy = (policies or create_policy)(compression)
+    return Exchanger(policy, communicator, None if memory is None else create_memory(memory), **options)
