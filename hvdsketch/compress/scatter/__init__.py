@@ -20,8 +20,9 @@ from hvdsketch import spec as _spec
 from hvdsketch.compress.base import Compressor
 from hvdsketch.compress.scatter.base import ScatterCompressor, block_shape
 from hvdsketch.compress.scatter.dense import ScatterHalf, ScatterNone
+from hvdsketch.compress.scatter.rows import ScatterRows
 
-REGISTRY: dict[str, type[ScatterCompressor]] = {cls.name: cls for cls in (ScatterNone, ScatterHalf)}
+REGISTRY: dict[str, type[ScatterCompressor]] = {cls.name: cls for cls in (ScatterNone, ScatterHalf, ScatterRows)}
 
 
 def create(flag: "str | _spec.Spec | Compressor", **options) -> ScatterCompressor:
@@ -36,4 +37,4 @@ def create(flag: "str | _spec.Spec | Compressor", **options) -> ScatterCompresso
     return _spec.build(flag, REGISTRY, kind="reduce-scatter method", **options)
 
 
-__all__ = ["REGISTRY", "ScatterCompressor", "ScatterHalf", "ScatterNone", "block_shape", "create"]
+__all__ = ["REGISTRY", "ScatterCompressor", "ScatterHalf", "ScatterNone", "ScatterRows", "block_shape", "create"]

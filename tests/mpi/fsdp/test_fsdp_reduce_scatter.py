@@ -1,9 +1,13 @@
 """hvdsketch's reduce-scatter under real ``fully_shard`` over gloo, against FSDP's own (every rank runs these)."""
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
 
+import hvdsketch.torch.fsdp
 from hvdsketch.exchange import AgreementError
-from tests.mpi.fsdp.cases import adam, batches, exact_gradients, gradients, local, loss, model, sharded, step
+from tests.mpi.fsdp.cases import (VOCAB, WIDTH, adam, batches, exact_gradients, gradients, local, loss, model,
+                                  sharded, step)
 
 
 def test_none_is_fsdps_reduce_scatter_bit_for_bit():
@@ -44,8 +48,43 @@ def test_sixteen_bit_transport_sums_in_float32_closer_than_fsdps_bfloat16_reduct
 
 
 def test_ranks_with_other_flags_fail_alike_on_every_rank():
-    import torch.distributed as dist
-
     flag = "none" if dist.get_rank() else "fp16"
     with pytest.raises(AgreementError, match="compression is fp16 on rank 0 but none on rank 1"):
         sharded(model(), flag)
+
+
+def test_rows_average_exactly():
+    """Every module's non-zero rows to their owners (the embedding's few, every row of the dense
+    layers, blocks of elements where a module's shards have rows of several widths): the exact
+    average to float32's rounding of a sum, and at 2 ranks FSDP's own bits."""
+    (batch,) = batches(1)
+    exact, magnitude = exact_gradients(batch)
+    results = {}
+    for compression in ("none", "rows", "rows:block=7"):
+        module, _ = sharded(model(), compression)
+        loss(module, batch).backward()
+        results[compression] = gradients(module)
+    for k in exact:
+        for flag in ("rows", "rows:block=7"):
+            bound = 4 * dist.get_world_size() * 2.0 ** -24 * magnitude[k] + 1e-12
+            assert ((results[flag][k].double() - exact[k]).abs() <= bound).all(), (flag, k)
+            if dist.get_world_size() == 2:
+                assert torch.equal(results[flag][k], results["none"][k]), (flag, k)
+
+
+def test_rows_send_only_the_rows_other_ranks_own():
+    """An embedding alone in its FSDP module: a rank sends the rows it touched in other ranks'
+    blocks, each with its int32 index, and one count to each rank."""
+    size, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Embedding(VOCAB, WIDTH))
+    fully_shard(module[0])
+    fully_shard(module)
+    reduction = hvdsketch.torch.fsdp.compress(module, "rows")
+    (batch,) = batches(1)
+    module(batch).square().sum().backward()
+    touched = torch.unique(batch)
+    others = int((touched // (VOCAB // size) != rank).sum())
+    sent = reduction.report()["collectives"]["alltoall"]["bytes_sent"]
+    assert sent == (size - 1) * 8 + others * (4 + 4 * WIDTH)
+    assert others < VOCAB // 4  # far fewer than the dense reduce-scatter's (N - 1) / N * VOCAB rows
