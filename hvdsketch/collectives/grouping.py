@@ -20,7 +20,6 @@ from typing import Any, Sequence
 
 from hvdsketch.collectives.stats import CommStats, alltoall_bytes, reduce_scatter_bytes, ring_allreduce_bytes
 from hvdsketch.compress.base import Message
-from hvdsketch.compress.sizing import ITEMSIZE
 from hvdsketch.ops import backend
 
 #: The reduction ops and the collective each travels in.
@@ -50,7 +49,8 @@ def count_allreduce(stats: CommStats, op: str, messages: Sequence[Message], size
 def count_alltoall(stats: CommStats, message: Message, received: Any, rank: int) -> None:
     """Count one alltoall: ``message`` cut by its splits, ``received`` what came back to ``rank``."""
     ops = backend(message.tensor)
-    kept = message.splits[rank] * ITEMSIZE[ops.dtype_name(message.tensor)]
+    rows, nbytes = ops.shape(message.tensor)[0], ops.nbytes(message.tensor)
+    kept = message.splits[rank] * nbytes // rows if rows else 0
     stats.record("alltoall", *alltoall_bytes(ops.nbytes(message.tensor), kept, ops.nbytes(received)))
 
 

@@ -10,6 +10,8 @@ policies drive them as they drive every other compressor:
 
 - ``none``: FSDP's own reduce-scatter (:class:`~.dense.ScatterNone`);
 - ``fp16``: 16-bit blocks to their owners, summed there in float32 (:class:`~.dense.ScatterHalf`);
+- ``quantize``: 8, 4 or 2 bits with a scale per block of elements, the sender's rounding kept
+  as its residual (:class:`~.quantized.ScatterQuantize`);
 - ``rows``: only the non-zero rows to their owners, exact (:class:`~.rows.ScatterRows`).
 
 :func:`create` turns a flag into one; :data:`REGISTRY` maps every flag name to its class.
@@ -20,9 +22,11 @@ from hvdsketch import spec as _spec
 from hvdsketch.compress.base import Compressor
 from hvdsketch.compress.scatter.base import ScatterCompressor, block_shape
 from hvdsketch.compress.scatter.dense import ScatterHalf, ScatterNone
+from hvdsketch.compress.scatter.quantized import ScatterQuantize
 from hvdsketch.compress.scatter.rows import ScatterRows
 
-REGISTRY: dict[str, type[ScatterCompressor]] = {cls.name: cls for cls in (ScatterNone, ScatterHalf, ScatterRows)}
+REGISTRY: dict[str, type[ScatterCompressor]] = {cls.name: cls for cls in (ScatterNone, ScatterHalf, ScatterQuantize,
+                                                                   ScatterRows)}
 
 
 def create(flag: "str | _spec.Spec | Compressor", **options) -> ScatterCompressor:
@@ -37,4 +41,4 @@ def create(flag: "str | _spec.Spec | Compressor", **options) -> ScatterCompresso
     return _spec.build(flag, REGISTRY, kind="reduce-scatter method", **options)
 
 
-__all__ = ["REGISTRY", "ScatterCompressor", "ScatterHalf", "ScatterNone", "ScatterRows", "block_shape", "create"]
+__all__ = ["REGISTRY", "ScatterCompressor", "ScatterHalf", "ScatterNone", "ScatterQuantize", "ScatterRows", "block_shape", "create"]

@@ -9,7 +9,10 @@ given, the whole tensor (every block it sent), never the block it received.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+import math
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Sequence
 
 from hvdsketch.compress.base import Compressor, Message, TensorContext
 
@@ -27,6 +30,53 @@ def block_shape(ctx: TensorContext) -> tuple[int, ...]:
 def equal_splits(count: int, size: int) -> dict[str, tuple[int, ...]]:
     """An alltoall message's ``splits`` and ``received`` where every rank sends ``count`` rows to each."""
     return {"splits": (count,) * size, "received": (count,) * size}
+
+
+@dataclass(frozen=True)
+class Units:
+    """A tensor of ``size`` blocks as units: ``units`` a block of ``unit_len`` elements each, a flat
+    block of ``block_len`` elements zero-padded to whole units."""
+
+    size: int
+    units: int
+    unit_len: int
+    block_len: int
+
+    @classmethod
+    def rows(cls, ctx: TensorContext, block: int) -> "Units":
+        """A block's rows where ``ctx.shape`` has them, else its elements ``block`` at a time."""
+        shape = block_shape(ctx)
+        if len(shape) >= 2:
+            return cls(ctx.world_size, shape[0], math.prod(shape) // max(shape[0], 1), math.prod(shape))
+        return cls.flat(ctx, block)
+
+    @classmethod
+    def flat(cls, ctx: TensorContext, block: int) -> "Units":
+        """A block's elements ``block`` at a time."""
+        numel = math.prod(block_shape(ctx))
+        return cls(ctx.world_size, -(-numel // block), block, numel)
+
+    @property
+    def padded(self) -> bool:
+        return self.units * self.unit_len != self.block_len
+
+    def coordinates(self, ops: ModuleType, like: Any) -> Any:
+        """Where each element of the tensor lies in the padded ``size * units x unit_len`` matrix (flat)."""
+        starts = ops.arange(self.size, like=like) * (self.units * self.unit_len)
+        return ops.outer_add(starts, ops.arange(self.block_len, like=like))
+
+    def matrix(self, ops: ModuleType, tensor: Any) -> Any:
+        """``tensor`` as the ``size * units x unit_len`` matrix (a view unless blocks are padded)."""
+        flat = ops.flatten(tensor)
+        if self.padded:
+            flat = ops.scatter(self.size * self.units * self.unit_len, self.coordinates(ops, flat), flat)
+        return ops.reshape(flat, (self.size * self.units, self.unit_len))
+
+    def unpadded(self, ops: ModuleType, flat: Any, ctx: TensorContext) -> Any:
+        """A padded flat tensor of every block back in ``ctx.shape``."""
+        if self.padded:
+            flat = ops.gather(flat, self.coordinates(ops, flat))
+        return ops.reshape(flat, ctx.shape)
 
 
 class ScatterCompressor(Compressor):

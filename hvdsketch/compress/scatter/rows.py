@@ -18,57 +18,15 @@ With a 16-bit ``wire`` what the rounding took from this rank's rows is its resid
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
 
 from hvdsketch.compress import sizing
 from hvdsketch.compress.base import Exchange, Message, Round, TensorContext
-from hvdsketch.compress.scatter.base import ScatterCompressor, block_shape, equal_splits
+from hvdsketch.compress.scatter.base import ScatterCompressor, Units, block_shape, equal_splits
 from hvdsketch.compress.scatter.dense import accumulator
 from hvdsketch.ops import backend
-
-
-@dataclass(frozen=True)
-class Units:
-    """A tensor of ``size`` blocks as units: ``units`` a block of ``unit_len`` elements each, a flat
-    block of ``block_len`` elements zero-padded to whole units."""
-
-    size: int
-    units: int
-    unit_len: int
-    block_len: int
-
-    @classmethod
-    def of(cls, ctx: TensorContext, block: int) -> "Units":
-        shape = block_shape(ctx)
-        numel = math.prod(shape)
-        if len(shape) >= 2:
-            return cls(ctx.world_size, shape[0], numel // max(shape[0], 1), numel)
-        return cls(ctx.world_size, -(-numel // block), block, numel)
-
-    @property
-    def padded(self) -> bool:
-        return self.units * self.unit_len != self.block_len
-
-    def coordinates(self, ops: ModuleType, like: Any) -> Any:
-        """Where each element of the tensor lies in the padded ``size * units x unit_len`` matrix (flat)."""
-        starts = ops.arange(self.size, like=like) * (self.units * self.unit_len)
-        return ops.outer_add(starts, ops.arange(self.block_len, like=like))
-
-    def matrix(self, ops: ModuleType, tensor: Any) -> Any:
-        """``tensor`` as the ``size * units x unit_len`` matrix (a view unless blocks are padded)."""
-        flat = ops.flatten(tensor)
-        if self.padded:
-            flat = ops.scatter(self.size * self.units * self.unit_len, self.coordinates(ops, flat), flat)
-        return ops.reshape(flat, (self.size * self.units, self.unit_len))
-
-    def unpadded(self, ops: ModuleType, flat: Any, ctx: TensorContext) -> Any:
-        """A padded flat tensor of every block back in ``ctx.shape``."""
-        if self.padded:
-            flat = ops.gather(flat, self.coordinates(ops, flat))
-        return ops.reshape(flat, ctx.shape)
 
 
 @dataclass(frozen=True)
@@ -96,7 +54,7 @@ class ScatterRows(ScatterCompressor):
 
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
         ops, dtype = backend(tensor), backend(tensor).dtype_name(tensor)
-        layout = Units.of(ctx, self.block)
+        layout = Units.rows(ctx, self.block)
         matrix = layout.matrix(ops, tensor)
         nonzero = ops.nonzero_rows(matrix)  # sorted: by owner, then by row
         owner = nonzero // layout.units
