@@ -10,8 +10,10 @@ all-reduce hook, in the same step.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+import warnings
+from typing import Any, Mapping
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -24,6 +26,7 @@ from hvdsketch.exchange.exchanger import Exchanger
 from hvdsketch.exchange.report import report_of
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.policy.scatter import create as scatter_policy
+from hvdsketch.torch.fsdp import checkpoint as fsdp_checkpoint
 from hvdsketch.torch.fsdp import modules
 from hvdsketch.torch.fsdp.hooks import CompressedReduceScatter, ReplicaAllReduce
 from hvdsketch.torch.fsdp.modules import Shard
@@ -182,6 +185,62 @@ class FSDPReduction:
         replica = exchanger is self.replica
         return [agreement.Tensor(s.name, s.block if replica else s.shape, s.dtype)
                 for s in self.shards.values()]
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state, between steps (see :mod:`hvdsketch.torch.fsdp.checkpoint`): what
+        ``torch.distributed.checkpoint`` saves of this object on every rank (it is ``Stateful``), or
+        what a rank saves with ``torch.save`` in a file of its own. No collective."""
+        if self._open:
+            raise RuntimeError("hvdsketch: a step is under way (FSDP has reduce-scattered some modules); "
+                               "call state_dict() after backward")
+        states = {"reduce_scatter": self.exchanger.state_dict(),
+                  "replica": None if self.replica is None else self.replica.state_dict()}
+        return {"world": self.communicator.size, "setup": self._setup(),
+                fsdp_checkpoint.key(self.communicator.rank): fsdp_checkpoint.pack(states)}
+
+    def load_state_dict(self, state: Mapping[str, Any], reset_on_change: bool = False) -> None:
+        """Resume this rank from its entry of :meth:`state_dict` (loaded on every rank): the steps,
+        decisions, compressors' state and residuals, so training continues bit for bit. A checkpoint of
+        another number of ranks or setup raises ``ValueError``, or with ``reset_on_change=True`` keeps
+        the step and starts the residuals and compressors' state afresh (warned on rank 0)."""
+        if self._open:
+            raise RuntimeError("hvdsketch: cannot load state while a step is under way")
+        rank, size = self.communicator.rank, self.communicator.size
+        entry = fsdp_checkpoint.key(rank)
+        if not isinstance(state, Mapping) or "world" not in state or "setup" not in state:
+            raise ValueError("hvdsketch: not a state of hvdsketch's FSDP front end (one made by "
+                             "FSDPReduction.state_dict())")
+        changed = " and ".join(([f"{state['world']} ranks (this run has {size})"] if state["world"] != size else [])
+                               + ([f"setup {state['setup']!r} (this run: {self._setup()!r})"]
+                                  if state["setup"] != self._setup() else []))
+        if changed and not reset_on_change:
+            raise ValueError(f"hvdsketch: the checkpoint was made with {changed}; its per-rank state cannot resume "
+                             f"this run exactly: resume with the same ranks and setup, or pass reset_on_change=True")
+        if entry not in state:
+            raise ValueError(f"hvdsketch: the checkpoint holds no state of rank {rank} (load it on every rank, each "
+                             f"its own entry, as torch.distributed.checkpoint does)")
+        states = fsdp_checkpoint.unpack(state[entry])
+        for exchanger, saved in ((self.exchanger, states["reduce_scatter"]), (self.replica, states["replica"])):
+            if exchanger is None:
+                continue
+            if changed:
+                saved = {**checkpoint.afresh(saved, keep_setup=state["setup"] == self._setup()), "world": size}
+                if rank == 0:
+                    warnings.warn(checkpoint.StateReset(f"hvdsketch: the checkpoint was made with {changed}: the "
+                                                        f"residuals and compressors' state start afresh"), stacklevel=2)
+            exchanger.load_state_dict(saved, self._tensor)
+
+    def _tensor(self, name: str, array: np.ndarray) -> torch.Tensor:
+        """A checkpoint's array of tensor ``name``, on the device of that module's gradients."""
+        shard = self.shards.get(name)
+        device = next(shard.module.parameters()).device if shard is not None else torch.device("cpu")
+        return torch.from_numpy(np.array(array)).to(device)
+
+    def _setup(self) -> str:
+        replica = "" if self.replica is None else f"; replica {self.replica.policy} memory {self.replica.memory}"
+        return f"compression {self.exchanger.policy} memory {self.exchanger.memory}{replica}"
 
     # -- reports ----------------------------------------------------------------------------------
 
