@@ -8,7 +8,7 @@ from hvdsketch.torch.fsdp import FSDPReduction
 from tests.mpi.fsdp.cases import adam, batches, model, sharded, step
 from tests.mpi.torch.test_device import _in_meta
 
-COMPRESSIONS = ["none", "fp16", "fp16:dtype=bfloat16", "quantize", "quantize:bits=4,block=32", "rows",
+COMPRESSIONS = ["none", "fp16", "fp16:dtype=bfloat16", "quantize", "quantize:bits=4,block=32", "rows", "auto:warmup=1,bandwidth=10mbit",
                 "rows:wire=bfloat16,block=16"]
 
 

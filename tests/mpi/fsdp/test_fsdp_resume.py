@@ -12,8 +12,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from tests.mpi.fsdp.cases import adam, batches, local, model, sharded, step
 
-#: Methods whose state a resume must carry: the quantizer's residuals (float32, and the planner's).
-COMPRESSIONS = [("quantize:bits=4,block=32", None), ("quantize:block=32", "fp16"), ("rows:wire=bfloat16", "fp32")]
+#: Methods whose state a resume must carry: residuals (float32 and 16-bit stores), auto's decisions.
+COMPRESSIONS = [("quantize:bits=4,block=32", None), ("quantize:block=32", "fp16"), ("rows:wire=bfloat16", "fp32"),
+                ("auto:warmup=1,bandwidth=10mbit,latency=100us", None)]
 
 
 def folder() -> Path:
