@@ -60,23 +60,22 @@ class Units:
     def padded(self) -> bool:
         return self.units * self.unit_len != self.block_len
 
-    def coordinates(self, ops: ModuleType, like: Any) -> Any:
-        """Where each element of the tensor lies in the padded ``size * units x unit_len`` matrix (flat)."""
-        starts = ops.arange(self.size, like=like) * (self.units * self.unit_len)
-        return ops.outer_add(starts, ops.arange(self.block_len, like=like))
-
     def matrix(self, ops: ModuleType, tensor: Any) -> Any:
         """``tensor`` as the ``size * units x unit_len`` matrix (a view unless blocks are padded)."""
         flat = ops.flatten(tensor)
         if self.padded:
-            flat = ops.scatter(self.size * self.units * self.unit_len, self.coordinates(ops, flat), flat)
+            zeros = ops.zeros(self.units * self.unit_len - self.block_len, ops.dtype_name(flat), flat)
+            flat = ops.concat([piece for block in self._blocks(flat, self.block_len) for piece in (block, zeros)])
         return ops.reshape(flat, (self.size * self.units, self.unit_len))
 
     def unpadded(self, ops: ModuleType, flat: Any, ctx: TensorContext) -> Any:
         """A padded flat tensor of every block back in ``ctx.shape``."""
         if self.padded:
-            flat = ops.gather(flat, self.coordinates(ops, flat))
+            flat = ops.concat([block[:self.block_len] for block in self._blocks(flat, self.units * self.unit_len)])
         return ops.reshape(flat, ctx.shape)
+
+    def _blocks(self, flat: Any, length: int) -> list[Any]:
+        return [flat[q * length:(q + 1) * length] for q in range(self.size)]
 
 
 class ScatterCompressor(Compressor):

@@ -35,8 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from hvdsketch import spec
 from hvdsketch.collectives.stats import reduce_scatter_bytes
 from hvdsketch.lab.bench.ddp import TIMEOUT, _destroy, _leave, _store, launch_env
+from hvdsketch.policy.scatter import create as scatter_policy
 
 REDUCTIONS = ("fp32", "bf16", "hvdsketch")
 
@@ -86,8 +90,10 @@ class _Counted:
         return {"sent": self.sent, "dense": self.dense, "seconds": {"finish": self.seconds, "codec": 0.0}}
 
 
-def _train(config: Any, workload: Any, reduce: str, reshard: bool, rank: int, size: int, local: int) -> dict[str, Any]:
-    """The run's record; the model and hvdsketch's state are gone when it returns."""
+def _train(config: Any, flag: str, workload: Any, reduce: str, reshard: bool, rank: int, size: int,
+           local: int) -> dict[str, Any]:
+    """The run's record (``flag``: hvdsketch's reduce-scatter method); the model and hvdsketch's state
+    are gone when it returns."""
     import torch
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
@@ -99,7 +105,7 @@ def _train(config: Any, workload: Any, reduce: str, reshard: bool, rank: int, si
     policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if reduce == "bf16" else None)
     workload.shard(model, mp_policy=policy, reshard_after_forward=reshard)
     if reduce == "hvdsketch":
-        reduction = hvdsketch.torch.fsdp.compress(model, config.compression, config.memory)
+        reduction = hvdsketch.torch.fsdp.compress(model, flag, config.memory)
 
         def report() -> dict[str, Any]:
             r = reduction.report()
@@ -123,7 +129,8 @@ def _train(config: Any, workload: Any, reduce: str, reshard: bool, rank: int, si
         return loss, timing.mark("update")
 
     record = fit(config, workload, model, step, rank, size, report, sharded=True)
-    record["path"] = "fsdp"
+    record["path"], record["compression"] = "fsdp", flag
+    record["config"]["compression"] = flag
     record["fsdp"] = {"reduce": reduce, "reshard_after_forward": reshard, "backend": "gloo",
                       "param_dtype": "float32", "reduce_dtype": "bfloat16" if reduce == "bf16" else "float32"}
     return record
@@ -139,10 +146,14 @@ def run(args: argparse.Namespace) -> int:
     from hvdsketch.lab.workloads import get
 
     rank, size, local = launch_env()
-    config = TrainConfig.load(args.config, workload=args.workload, epochs=args.epochs,
+    # the config's compression is a reduce-scatter method's flag, which hvdsketch train's check does not know
+    raw = yaml.safe_load(Path(args.config).read_text()) or {}
+    flag = str(spec.resolve(None, None, raw)) if args.reduce == "hvdsketch" else "none"
+    scatter_policy(flag)  # a bad flag raises its SpecError here, on every rank
+    config = TrainConfig.load(args.config, compression="none", workload=args.workload, epochs=args.epochs,
                               steps_per_epoch=args.steps_per_epoch, out=args.out)
-    if args.reduce != "hvdsketch":  # FSDP's own: no compression, no memory
-        config = dataclasses.replace(config, compression="none", memory=None)
+    if args.reduce != "hvdsketch":  # FSDP's own: no memory
+        config = dataclasses.replace(config, memory=None)
     workload = get(config.workload)
     if not hasattr(workload, "shard"):
         raise SystemExit(f"hvdsketch.lab.bench.fsdp: workload {workload.name!r} does not say how FSDP2 shards it "
@@ -150,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     store = _store(rank, size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
     try:
-        record = _train(config, workload, args.reduce, args.reshard_after_forward, rank, size, local)
+        record = _train(config, flag, workload, args.reduce, args.reshard_after_forward, rank, size, local)
         dist.barrier()
     finally:
         _destroy()

@@ -56,6 +56,12 @@ class Shard:
         return (self.shape[0] // self.size, *self.shape[1:])
 
     @property
+    def mesh(self) -> str:
+        """How FSDP shards the module: ``"FSDP"`` over one mesh dimension, ``"HSDP"`` over two
+        (replicas and shards, FSDP's own replica all-reduce), ``"DDP"`` replicated only."""
+        return type(_param_group(self.module).mesh_info).__name__.removesuffix("MeshInfo")
+
+    @property
     def group(self) -> Any:
         """The process group FSDP reduce-scatters this module's gradients over."""
         info = _param_group(self.module).mesh_info

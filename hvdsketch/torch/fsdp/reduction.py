@@ -55,28 +55,35 @@ class FSDPReduction:
             raise RuntimeError("hvdsketch: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first (torchrun sets the environment)")
         missing = modules.missing_api(replicate is not None)
-        found = [] if missing else modules.shards(model)
+        found, problem = [], None
+        if missing is None:
+            try:
+                found = modules.shards(model)
+            except ValueError as error:  # several parameter groups: raised on every rank, after the check
+                problem = error
         groups = {id(s.group): s.group for s in found}
-        if len(groups) > 1:
-            raise ValueError("hvdsketch: the model's FSDP modules reduce-scatter over different process groups; "
-                             "fully_shard every module over one mesh")
         self.communicator = TorchDistCommunicator(next(iter(groups.values()), None))
         replicas = _replica_group(replicate)
         # before anything that may raise on some ranks only: every rank checks the others' setup
         agreement.verify(self.communicator, {
-            "pytorch": torch.__version__, "fsdp2": missing or "ok",
+            "pytorch": torch.__version__, "fsdp2": missing or str(problem or "ok"),
             "compression": _flag(compression), "memory": str(memory),
             "replicate": "none" if replicas is None else f"{dist.get_world_size(replicas)} replicas",
             "replicate_compression": _flag(replicate_compression), "replicate_memory": str(replicate_memory),
-            **{f"fsdp module {s.name!r}": f"{s.dtype} {s.shape}" for s in found}}, torch_ops,
+            **{f"fsdp module {s.name!r}": f"{s.dtype} {s.shape} over {s.mesh}" for s in found}}, torch_ops,
             advice="start every rank with the same PyTorch, model (its fully_shard modules) and hvdsketch arguments")
         if missing:
             raise RuntimeError(f"hvdsketch: {missing}")
+        if problem is not None:
+            raise problem
         if not found:
             raise ValueError("hvdsketch: the model has no FSDP module with parameters; call fully_shard on its "
                              "blocks and on the model first, then hvdsketch.torch.fsdp.compress(model)")
+        if len(groups) > 1:
+            raise ValueError("hvdsketch: the model's FSDP modules reduce-scatter over different process groups; "
+                             "fully_shard every module over one mesh")
         for shard in found:
-            if _is_hsdp(shard):
+            if shard.mesh == "HSDP":
                 raise ValueError(f"hvdsketch: FSDP module {shard.name!r} is sharded over a 2-D mesh (native HSDP), "
                                  f"whose all-reduce FSDP runs itself; {HSDP}")
         self.shards = {s.name: s for s in found}
@@ -272,7 +279,3 @@ def _replica_group(replicate: Any) -> Any:
         return replicate.get_group()
     raise TypeError(f"hvdsketch: replicate takes the replicas' process group or 1-D DeviceMesh, "
                     f"got {type(replicate).__name__}")
-
-
-def _is_hsdp(shard: Shard) -> bool:
-    return shard.module._get_fsdp_state()._fsdp_param_groups[0].mesh_info.__class__.__name__ == "HSDPMeshInfo"

@@ -24,25 +24,16 @@ def folder() -> Path:
     return Path(made[0])
 
 
-def run(compression: str, memory: str | None, data: list, resume_at: int | None = None, how: str = "dcp"):
-    """Train on ``data``; where ``resume_at`` is given, stop after that many steps, save, and go on in
-    a new model, optimizer and hvdsketch state loaded from the checkpoint. This rank's parameters."""
-    module, reduction = sharded(model(), compression, memory=memory)
-    optimizer = adam(module)
-    for batch in data[:resume_at]:
-        step(module, optimizer, batch)
-    if resume_at is None:
-        return local(module)
-    path = folder()
+def save(module, optimizer, reduction, path: Path, how: str) -> None:
     model_state, optimizer_state = get_state_dict(module, optimizer)
     if how == "dcp":
         dcp.save({"model": model_state, "optimizer": optimizer_state, "hvdsketch": reduction}, checkpoint_id=path)
     else:
         torch.save({"model": model_state, "optimizer": optimizer_state, "hvdsketch": reduction.state_dict()},
                    path / f"rank{dist.get_rank()}.pt")
-    del module, reduction, optimizer
-    module, reduction = sharded(model(seed=1), compression, memory=memory)  # other weights: the load must set them
-    optimizer = adam(module)
+
+
+def load(module, optimizer, reduction, path: Path, how: str) -> None:
     model_state, optimizer_state = get_state_dict(module, optimizer)
     if how == "dcp":
         loaded = {"model": model_state, "optimizer": optimizer_state, "hvdsketch": reduction}
@@ -51,22 +42,38 @@ def run(compression: str, memory: str | None, data: list, resume_at: int | None 
         loaded = torch.load(path / f"rank{dist.get_rank()}.pt")  # PyTorch's default: weights_only=True
         reduction.load_state_dict(loaded["hvdsketch"])
     set_state_dict(module, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
+
+
+def trained(compression: str, memory: str | None, data: list, resume_at: int, how: str = "dcp"):
+    """This rank's parameters after training on ``data``: the run that did not stop, saving a checkpoint
+    after ``resume_at`` steps, and a new model, optimizer and hvdsketch state loaded from it that
+    trains the rest."""
+    path = folder()
+    module, reduction = sharded(model(), compression, memory=memory)
+    optimizer = adam(module)
+    for done, batch in enumerate(data):
+        if done == resume_at:
+            save(module, optimizer, reduction, path, how)
+        step(module, optimizer, batch)
+    uninterrupted = local(module)
+    module, reduction = sharded(model(seed=1), compression, memory=memory)  # other weights: the load sets them
+    optimizer = adam(module)
+    load(module, optimizer, reduction, path, how)
     assert reduction.exchanger.step == resume_at
     for batch in data[resume_at:]:
         step(module, optimizer, batch)
-    return local(module)
+    return uninterrupted, local(module)
 
 
 @pytest.mark.parametrize("compression, memory", COMPRESSIONS, ids=str)
 def test_a_resume_through_distributed_checkpoint_continues_bit_for_bit(compression, memory):
-    data = batches(5)
-    assert torch.equal(run(compression, memory, data, resume_at=3), run(compression, memory, data))
+    uninterrupted, resumed = trained(compression, memory, batches(5), resume_at=3)
+    assert torch.equal(resumed, uninterrupted)
 
 
 def test_a_resume_from_a_file_per_rank_continues_bit_for_bit():
-    data = batches(4)
-    flag = "quantize:bits=4,block=32"
-    assert torch.equal(run(flag, None, data, resume_at=2, how="files"), run(flag, None, data))
+    uninterrupted, resumed = trained("quantize:bits=4,block=32", None, batches(4), resume_at=2, how="files")
+    assert torch.equal(resumed, uninterrupted)
 
 
 def test_a_checkpoint_of_another_setup_is_a_clear_error_or_a_reset():
