@@ -1,4 +1,6 @@
 """hvdsketch's reduce-scatter under real ``fully_shard`` over gloo, against FSDP's own (every rank runs these)."""
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -88,3 +90,17 @@ def test_rows_send_only_the_rows_other_ranks_own():
     sent = reduction.report()["collectives"]["alltoall"]["bytes_sent"]
     assert sent == (size - 1) * 8 + others * (4 + 4 * WIDTH)
     assert others < VOCAB // 4  # far fewer than the dense reduce-scatter's (N - 1) / N * VOCAB rows
+
+
+def test_ranks_with_other_models_or_pytorch_fail_alike_on_every_rank(monkeypatch):
+    """Before any reduce-scatter (FSDP's own collectives would wait for ranks that never come)."""
+    rank, version = dist.get_rank(), re.escape(torch.__version__)
+    module = torch.nn.Sequential(torch.nn.Embedding(VOCAB + 4 * (rank > 0), WIDTH))
+    fully_shard(module[0])
+    fully_shard(module)
+    with pytest.raises(AgreementError, match="fsdp module '0' is float32 .* on rank 0 but float32 .* on rank 1"):
+        hvdsketch.torch.fsdp.compress(module, "rows")
+    if rank:
+        monkeypatch.setattr(torch, "__version__", "2.12.0")
+    with pytest.raises(AgreementError, match=f"pytorch is {version} on rank 0 but 2.12.0 on rank 1"):
+        sharded(model(), "none")
