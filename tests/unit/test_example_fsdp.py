@@ -26,3 +26,15 @@ def test_fsdp_script_trains_under_torchrun_with_every_method(tmp_path):
         assert last < first - 0.5, flag  # it trains
         assert 0 < sent <= dense * FLAGS[flag] * 1.01, flag
     assert len(list(tmp_path.glob("fsdp-*/.metadata"))) == len(FLAGS)  # every rank wrote its shards
+
+
+def test_the_fsdp_front_end_loads_no_horovod_mpi_or_lab():
+    """``import hvdsketch.torch.fsdp`` with torch alone: no Horovod, no mpi4py, nothing of the lab."""
+    code = ("import sys, torch; before = set(sys.modules); import hvdsketch.torch.fsdp; "
+            "print(' '.join(sorted(set(sys.modules) - before)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    assert "hvdsketch.torch.fsdp.reduction" in loaded
+    assert [m for m in loaded if m.startswith(("horovod", "mpi4py", "hvdsketch.lab", "yaml"))] == []
