@@ -25,7 +25,6 @@ from hvdsketch.exchange.assembly import assemble
 from hvdsketch.exchange.exchanger import Exchanger
 from hvdsketch.exchange.report import report_of
 from hvdsketch.ops import torch as torch_ops
-from hvdsketch.policy.scatter import create as scatter_policy
 from hvdsketch.torch.fsdp import checkpoint as fsdp_checkpoint
 from hvdsketch.torch.fsdp import modules
 from hvdsketch.torch.fsdp.hooks import CompressedReduceScatter, ReplicaAllReduce
@@ -87,7 +86,7 @@ class FSDPReduction:
                 raise ValueError(f"hvdsketch: FSDP module {shard.name!r} is sharded over a 2-D mesh (native HSDP), "
                                  f"whose all-reduce FSDP runs itself; {HSDP}")
         self.shards = {s.name: s for s in found}
-        self.exchanger = assemble(compression, memory, self.communicator, policies=scatter_policy, prefix=prefix,
+        self.exchanger = assemble(compression, memory, self.communicator, scatter=True, prefix=prefix,
                                   error_if_nonfinite=error_if_nonfinite)
         self.replica: Exchanger | None = None
         if replicas is not None:

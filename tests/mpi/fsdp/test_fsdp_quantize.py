@@ -8,7 +8,6 @@ import torch.distributed as dist
 from hvdsketch.collectives.torchdist import TorchDistCommunicator
 from hvdsketch.exchange.assembly import assemble
 from hvdsketch.memory import create as create_memory
-from hvdsketch.policy.scatter import create as scatter_policy
 from tests.mpi.fsdp.cases import adam, batches, local, loss, model, sharded, step
 
 ROWS, WIDTH = 10, 24  # each rank's block: 240 elements, runs of 64 with a ragged last one
@@ -16,7 +15,7 @@ ROWS, WIDTH = 10, 24  # each rank's block: 240 elements, runs of 64 with a ragge
 
 def exchanger(flag: str) -> tuple:
     memory = create_memory("fp32")
-    return assemble(flag, memory, TorchDistCommunicator(), policies=scatter_policy, prefix=f"test.{flag}"), memory
+    return assemble(flag, memory, TorchDistCommunicator(), scatter=True, prefix=f"test.{flag}"), memory
 
 
 def inputs() -> torch.Tensor:
