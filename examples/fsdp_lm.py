@@ -10,7 +10,8 @@ rank its own data, Adam on the sharded parameters, losses averaged across ranks 
 and a distributed checkpoint (``torch.distributed.checkpoint``) of the model, the optimizer and
 hvdsketch's state, each rank writing its own shards. ``--compression`` takes several flags to
 train once with each in one launch (``none fp16:dtype=bfloat16 quantize rows auto``, any flag of
-:mod:`hvdsketch.torch.fsdp`). Runs on CPU over gloo; on GPUs over NCCL as it is.
+:mod:`hvdsketch.torch.fsdp`). Runs on CPU over gloo; on GPUs, initialise the process group with
+NCCL and build the model on the rank's device: hvdsketch's line stays the same.
 """
 import argparse
 import gc
