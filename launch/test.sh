@@ -39,7 +39,7 @@ PYTEST=(python -m pytest -q --color=no -p no:cacheprovider -o addopts= --timeout
 suite unit 1500 "$LOGS/unit.log" "${PYTEST[@]}" tests/unit
 suite gpu 900 "$LOGS/gpu.log" "${PYTEST[@]}" -rs tests/gpu  # skipped without CUDA
 for np in 2 3 4; do
-  for s in plain torch tensorflow ddp; do
+  for s in plain torch tensorflow ddp fsdp; do
     [ "$np" -eq 3 ] && [ "$s" != plain ] && continue  # odd rank counts: the MPI layer's own suite
     [ -n "$(ls tests/mpi/$s/test_*.py 2>/dev/null)" ] || continue
     out="$LOGS/np$np-$s"

@@ -3,7 +3,7 @@
 A round's messages are grouped by kind and dtype (:func:`group`): ``average``,
 ``sum`` and ``max`` messages of one dtype travel fused in one allreduce,
 ``allgather`` and ``bor`` messages of one dtype together (an allgather each, or
-a grouped one), each ``alltoall`` alone (its splits are its own). The bytes of
+a grouped one), each ``alltoall`` and ``reduce_scatter`` alone (its splits are its own). The bytes of
 each are counted by the same formulas (:mod:`~hvdsketch.collectives.stats`)
 whichever library moves them, so reports from Horovod's collectives
 (:mod:`.horovod`) and torch.distributed's (:mod:`.torchdist`) compare:
@@ -11,31 +11,31 @@ whichever library moves them, so reports from Horovod's collectives
 - an allreduce group: the ring allreduce of its fused bytes (:func:`count_allreduce`);
 - an allgather: ``N - 1`` copies of this rank's share sent, every other rank's
   received, and a ``bor`` folded from the gathered rows (:func:`gathered`);
-- an alltoall: every piece but the one this rank keeps (:func:`count_alltoall`).
+- an alltoall: every piece but the one this rank keeps (:func:`count_alltoall`);
+- a reduce-scatter: the ring's ``(N - 1) / N`` of the tensor (:func:`count_reduce_scatter`).
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from hvdsketch.collectives.stats import CommStats, alltoall_bytes, ring_allreduce_bytes
+from hvdsketch.collectives.stats import CommStats, alltoall_bytes, reduce_scatter_bytes, ring_allreduce_bytes
 from hvdsketch.compress.base import Message
-from hvdsketch.compress.sizing import ITEMSIZE
 from hvdsketch.ops import backend
 
 #: The reduction ops and the collective each travels in.
 KINDS = {"average": "allreduce", "sum": "allreduce", "max": "allreduce", "allgather": "allgather",
-         "bor": "allgather", "alltoall": "alltoall"}
+         "bor": "allgather", "alltoall": "alltoall", "reduce_scatter": "reduce_scatter"}
 
 
 def group(messages: Sequence[Message]) -> dict[tuple[str, str], list[int]]:
     """Message indices by ``(group, dtype)``, groups in order of first appearance: the op itself for
-    allreduces, ``"gather"`` for allgathers and bitwise ORs, ``"alltoall<i>"`` for alltoall ``i``;
-    an unknown op is a ``ValueError`` naming the valid ones."""
+    allreduces, ``"gather"`` for allgathers and bitwise ORs, ``"alltoall<i>"`` for alltoall ``i``
+    (``"reduce_scatter<i>"`` alike); an unknown op is a ``ValueError`` naming the valid ones."""
     groups: dict[tuple[str, str], list[int]] = {}
     for i, m in enumerate(messages):
         if m.op not in KINDS:
             raise ValueError(f"hvdsketch: unknown reduction op {m.op!r}; valid: {', '.join(KINDS)}")
-        op = m.op if KINDS[m.op] == "allreduce" else "gather" if KINDS[m.op] == "allgather" else f"alltoall{i}"
+        op = m.op if KINDS[m.op] == "allreduce" else "gather" if KINDS[m.op] == "allgather" else f"{m.op}{i}"
         groups.setdefault((op, backend(m.tensor).dtype_name(m.tensor)), []).append(i)
     return groups
 
@@ -49,8 +49,15 @@ def count_allreduce(stats: CommStats, op: str, messages: Sequence[Message], size
 def count_alltoall(stats: CommStats, message: Message, received: Any, rank: int) -> None:
     """Count one alltoall: ``message`` cut by its splits, ``received`` what came back to ``rank``."""
     ops = backend(message.tensor)
-    kept = message.splits[rank] * ITEMSIZE[ops.dtype_name(message.tensor)]
+    rows, nbytes = ops.shape(message.tensor)[0], ops.nbytes(message.tensor)
+    kept = message.splits[rank] * nbytes // rows if rows else 0
     stats.record("alltoall", *alltoall_bytes(ops.nbytes(message.tensor), kept, ops.nbytes(received)))
+
+
+def count_reduce_scatter(stats: CommStats, message: Message, size: int) -> None:
+    """Count one reduce-scatter of ``message`` over ``size`` ranks (the ring's bytes)."""
+    wire = reduce_scatter_bytes(backend(message.tensor).nbytes(message.tensor), size)
+    stats.record("reduce_scatter", wire, wire)
 
 
 def gathered(stats: CommStats, message: Message, rows: Any, size: int) -> Any:

@@ -92,6 +92,9 @@ class HorovodCommunicator:
         tensors = [m.tensor for m in messages]
         if not self.asynchronous:
             kwargs.update(name=re.sub("[^a-zA-Z0-9_]", "_", name), ignore_name_scope=True)
+        if op.startswith("reduce_scatter"):
+            raise ValueError("hvdsketch: Horovod's communicator has no reduce-scatter (FSDP's reduction, which "
+                             "hvdsketch.torch.fsdp runs over torch.distributed)")
         if op.startswith("alltoall"):
             (tensors,), collective = tensors, hvd.alltoall_async if self.asynchronous else hvd.alltoall
             kwargs["splits"] = list(messages[0].splits)

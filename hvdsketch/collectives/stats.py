@@ -56,6 +56,11 @@ def ring_allreduce_bytes(nbytes: int, size: int) -> int:
     return 0 if size <= 1 else 2 * (size - 1) * nbytes // size
 
 
+def reduce_scatter_bytes(nbytes: int, size: int) -> int:
+    """Bytes one rank sends (and receives) in a ring reduce-scatter of ``nbytes``: half an allreduce's."""
+    return 0 if size <= 1 else (size - 1) * nbytes // size
+
+
 def alltoall_bytes(sent: int, kept: int, received: int) -> tuple[int, int]:
     """Bytes one rank sends and receives in an alltoall that sends ``sent`` bytes (its own piece,
     ``kept`` bytes, included: it never leaves the rank) and gets back ``received`` (that piece too)."""

@@ -34,7 +34,10 @@ over gloo polls too, yielding the core: :meth:`TorchDistCommunicator.wait`):
   8.6 ms at 4, on the emulated cluster (``results/ddp-hook/latency.py``). Bytes
   are counted as the allreduce's: the same at 2 ranks, and a few integers beyond.
 - ``alltoall``: ``all_to_all_single`` with the message's splits as input splits,
-  the output splits exchanged first by a small ``all_to_all_single`` waited for at once.
+  the output splits exchanged first by a small ``all_to_all_single`` waited for at once,
+  unless the message says them (``Message.received``).
+- ``reduce_scatter``: ``reduce_scatter_tensor`` with ``ReduceOp.AVG``, FSDP's own
+  reduction of a gradient (so its results are FSDP's bit for bit).
 
 Bytes are counted by the same formulas as Horovod's communicator's, one record
 per :meth:`TorchDistCommunicator.start` call.
@@ -67,7 +70,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from hvdsketch.collectives.grouping import KINDS, count_allreduce, count_alltoall, gathered, group
+from hvdsketch.collectives.grouping import KINDS, count_allreduce, count_alltoall, count_reduce_scatter, gathered, group
 from hvdsketch.collectives.stats import CommStats
 from hvdsketch.compress.base import Message
 
@@ -83,6 +86,10 @@ BOUND_LAUNCHES = 16
 #: (:func:`poll`): a rank alone on its core yields it to its own gloo threads a few times a wait
 #: (about 1,200 times in a run of 300 fastText steps).
 YIELDED_AWAY = 32
+
+
+#: ``reduce_scatter_single`` (FSDP's), ``reduce_scatter_tensor`` before PyTorch 2.13 named it so.
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
 def _integer(tensor: torch.Tensor) -> bool:
@@ -139,6 +146,8 @@ class _Launch:
         for (op, _), picked in groups.items():
             if op.startswith("alltoall"):
                 self._alltoall(picked[0])
+            elif op.startswith("reduce_scatter"):
+                self._reduce_scatter(picked[0])
 
     def _by_gather(self, tensors: list[torch.Tensor], waited: bool) -> bool:
         """Whether an allreduce group travels in :meth:`_reduce_by_gather`'s all_gather: integers always (exact
@@ -283,12 +292,22 @@ class _Launch:
     def _alltoall(self, i: int) -> None:
         c = self._communicator
         tensor, splits = c.staged(self._messages[i].tensor), list(self._messages[i].splits)
-        sending = torch.tensor(splits, dtype=torch.int64, device=tensor.device)
-        receiving = torch.empty_like(sending)
-        dist.all_to_all_single(receiving, sending, group=c.group)
-        incoming = receiving.cpu().tolist()
+        incoming = self._messages[i].received
+        if incoming is None:
+            sending = torch.tensor(splits, dtype=torch.int64, device=tensor.device)
+            receiving = torch.empty_like(sending)
+            dist.all_to_all_single(receiving, sending, group=c.group)
+            incoming = receiving.cpu().tolist()
+        incoming = list(incoming)
         received = tensor.new_empty((sum(incoming), *tensor.shape[1:]))
         work = dist.all_to_all_single(received, tensor, incoming, splits, group=c.group, async_op=True)
+        self._pending.append(([i], work, lambda: [c.unstaged(received, self._messages[i].tensor)]))
+
+    def _reduce_scatter(self, i: int) -> None:
+        c = self._communicator
+        tensor = c.staged(self._messages[i].tensor)
+        received = tensor.new_empty((tensor.shape[0] // c.size, *tensor.shape[1:]))
+        work = _REDUCE_SCATTER(received, tensor, op=dist.ReduceOp.AVG, group=c.group, async_op=True)
         self._pending.append(([i], work, lambda: [c.unstaged(received, self._messages[i].tensor)]))
 
     def test(self) -> bool:
@@ -424,6 +443,8 @@ class TorchDistCommunicator:
         for (op, _), picked in group(messages).items():
             if op.startswith("alltoall"):
                 count_alltoall(self.stats, messages[picked[0]], out[picked[0]], self.rank)
+            elif op.startswith("reduce_scatter"):
+                count_reduce_scatter(self.stats, messages[picked[0]], self.size)
             elif op != "gather":
                 count_allreduce(self.stats, op, [messages[i] for i in picked], self.size)
             else:

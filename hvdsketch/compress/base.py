@@ -36,7 +36,7 @@ from typing import Any, Callable, ClassVar, Generator, Literal, Sequence
 from hvdsketch import spec as _spec
 from hvdsketch.compress.support import RowSparse
 
-Op = Literal["average", "sum", "max", "allgather", "bor", "alltoall"]
+Op = Literal["average", "sum", "max", "allgather", "bor", "alltoall", "reduce_scatter"]
 
 
 @dataclass(frozen=True)
@@ -47,13 +47,19 @@ class Message:
     sum; ``max``: element-wise maximum; ``allgather``: rank-ordered concatenation
     along dimension 0, sizes may differ by rank; ``bor``: bitwise OR of ``uint8``; ``alltoall``:
     the vector cut into ``splits`` (host ints, one per rank in rank order), piece ``q`` sent to rank
-    ``q``, and what every rank sent this one concatenated in rank order (the only op whose result
-    differs by rank).
+    ``q``, and what every rank sent this one concatenated in rank order; ``reduce_scatter``: the
+    element-wise mean of a tensor whose dimension 0 is cut into ``N`` equal blocks, rank ``q``
+    receiving block ``q`` of it (FSDP's gradient reduction). Those two are the ops whose result
+    differs by rank.
     """
 
     tensor: Any
     op: Op = "average"
     splits: tuple[int, ...] | None = None
+    #: ``alltoall``: the rows every rank sends this one (host ints, in rank order), where every rank
+    #: knows them before it sends (a reduce-scatter's equal blocks, or counts a round before brought);
+    #: ``None``: the communicator learns them first.
+    received: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

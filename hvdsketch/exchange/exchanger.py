@@ -239,6 +239,17 @@ class Exchanger:
                 self._narrow[name] = (narrow[0], str(compressor))
             self.flights.submit(name, flight)
 
+    def complete(self, name: str) -> Any:
+        """``name``'s averaged result now, its exchange driven to its end, for an adapter that hands
+        each result on at once (FSDP's reduce-scatter, which reads it when the call returns); its
+        rounds go in the order of these calls on every rank, so no :meth:`expect` order may be given.
+        :meth:`finish` still ends the step: the step's checks, the bfloat16 casts, the policy."""
+        began = time.perf_counter()
+        with self.watchdog.watching(self._stalled):
+            result = self.flights.complete(name)
+        self.communicator.stats.seconds["finish"] += time.perf_counter() - began
+        return result
+
     def finish(self) -> dict[str, Any]:
         """Wait for every exchange started this step; their averaged results by name.
 

@@ -82,6 +82,17 @@ class Scheduler:
                     self._advance(name, flight, self.wait(handle, name))
         return {name: flight.result for name, (flight, _) in self._flights.items()}
 
+    def complete(self, name: str) -> Any:
+        """Drive ``name``'s flight to its end now, each round sent as the one before lands (outside a
+        launch order only: every rank completes its tensors one by one in one order); its result."""
+        if self._launch is not None:
+            raise RuntimeError("hvdsketch: a tensor exchanged in a launch order cannot be completed alone")
+        flight, handle = self._flights[name]
+        while handle is not None:
+            self._advance(name, flight, self.wait(handle, name))
+            flight, handle = self._flights[name]
+        return flight.result
+
     def codec_seconds(self) -> float:
         """The time this step's flights spent in their compressors and memories."""
         return sum(flight.seconds for flight, _ in self._flights.values())

@@ -152,7 +152,7 @@ class Timing:
 
 def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
         step: Callable[[Any], tuple[torch.Tensor, dict[str, float]]], rank: int, size: int,
-        report: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        report: Callable[[], dict[str, Any]], sharded: bool = False) -> dict[str, Any]:
     """The epochs of training with ``step(batch) -> (loss, seconds of its parts)`` (``backward``,
     ``exchange`` where the exchange is waited for after backward, ``update``: a :class:`Timing`),
     validation on rank 0 after each, and the run's record; ``report()`` gives the bytes sent and dense
@@ -163,7 +163,9 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
     the warm-up steps of ``auto`` or a first dense step do not move (:mod:`hvdsketch.lab.breakdown`).
 
     PyTorch's global generator (dropout masks) is seeded from the workload's seed and the rank, so
-    two runs differ only in how they exchange gradients, and their validation quality compares."""
+    two runs differ only in how they exchange gradients, and their validation quality compares.
+    ``sharded``: the model's forward is collective (FSDP2's all-gathers), so every rank validates
+    (rank 0 records it)."""
     torch.manual_seed(workload.seed * 65537 + rank)
     steps = workload.steps_per_epoch(size)
     if config.steps_per_epoch:
@@ -187,8 +189,10 @@ def fit(config: TrainConfig, workload: Any, model: torch.nn.Module,
             exchanged += parts.get("exchange", 0.0)
             done += 1
             bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+        if rank == 0 or sharded:
+            metrics = workload.evaluate(model)
         if rank == 0:
-            validation.append(workload.evaluate(model))
+            validation.append(metrics)
             print(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in validation[-1].items()), flush=True)
     wall = time.perf_counter() - start
     totals = report()

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from hvdsketch import spec as _spec
 from hvdsketch.collectives import Communicator, reduce, side_channel
@@ -134,6 +134,11 @@ def parse(text: "str | _spec.Spec") -> AutoOptions:
 class AutoPolicy(Policy):
     """The ``auto`` policy (see the module's docstring)."""
 
+    #: Makes a compressor of a flag: the candidates', and a checkpoint's decisions.
+    create: ClassVar[Callable[[str], Compressor]] = staticmethod(create)
+    #: The flag of a row-sparse gradient's exchange until the decision (exact, without densifying it).
+    rows_flag: ClassVar[str] = "allgather"
+
     def __init__(self, options: "AutoOptions | str" = AutoOptions()) -> None:
         self.options = parse(options) if isinstance(options, str) else options
         self._calls = 0
@@ -143,8 +148,8 @@ class AutoPolicy(Policy):
         self._window: dict[str, tuple[float, float]] = {}  # name -> max (element, unit) density
         self._decision: dict[str, Compressor] = {}
         self._table: list[Assignment] | None = None
-        self._none = create("none")
-        self._rows = create("allgather")  # a row-sparse gradient's exchange until the decision
+        self._none = self.create("none")
+        self._rows = self.create(self.rows_flag)
 
     def __str__(self) -> str:
         return str(self.options)
@@ -343,7 +348,7 @@ class AutoPolicy(Policy):
         self._calls, self._plan_at = state["calls"], state["plan_at"]
         self._link = None if state["link"] is None else Link(*state["link"])
         self._window = {k: tuple(v) for k, v in state["window"].items()}
-        self._decision = {name: create(text) for name, text in state["decision"].items()}
+        self._decision = {name: self.create(text) for name, text in state["decision"].items()}
         self._table = (None if state["table"] is None else
                        [Assignment(**{**row, "shape": tuple(row["shape"])}) for row in state["table"]])
 

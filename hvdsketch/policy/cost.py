@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from hvdsketch.collectives.grouping import group
-from hvdsketch.collectives.stats import ring_allreduce_bytes
+from hvdsketch.collectives.stats import reduce_scatter_bytes, ring_allreduce_bytes
 from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext
 from hvdsketch.compress.flight import run_local
 from hvdsketch.compress.support import Layout, values_of
@@ -90,9 +90,12 @@ class Link:
 
 def wire_bytes(op: str, nbytes: int, size: int, ring_bor: bool = False) -> int:
     """Bytes one rank sends to reduce a message of ``nbytes`` by ``op`` over ``size`` ranks; ``bor``
-    is a ring allreduce where ``ring_bor`` (the MPI layer), an allgather otherwise (Horovod)."""
+    is a ring allreduce where ``ring_bor`` (the MPI layer), an allgather otherwise (Horovod); an
+    alltoall sends all but its own piece, priced as an even cut."""
     if op in ("average", "sum", "max") or (op == "bor" and ring_bor):
         return ring_allreduce_bytes(nbytes, size)
+    if op in ("alltoall", "reduce_scatter"):
+        return reduce_scatter_bytes(nbytes, size)
     return (size - 1) * nbytes  # allgather, and bor (an allgather folded with OR in Horovod)
 
 

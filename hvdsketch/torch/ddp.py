@@ -95,7 +95,8 @@ import torch
 import torch.distributed as dist
 
 from hvdsketch.collectives.torchdist import TorchDistCommunicator
-from hvdsketch.exchange import Exchanger, agreement, checkpoint
+from hvdsketch.exchange import agreement, checkpoint
+from hvdsketch.exchange.assembly import assemble
 from hvdsketch.exchange.report import report_of
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.torch import saved
@@ -141,9 +142,6 @@ class ExchangeState:
                  compression: Any = None, memory: Any = None, process_group: Any = None,
                  sparse_as_dense: bool = False, prefix: str = "hvdsketch.ddp", error_if_nonfinite: bool = False,
                  collectives: str = "torch") -> None:
-        from hvdsketch.memory import create as create_memory
-        from hvdsketch.policy import create as create_policy
-
         ignored: set[str] = set()
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             ignored = set(getattr(model, "parameters_to_ignore", ()))
@@ -157,10 +155,9 @@ class ExchangeState:
         self._place = {name: i for i, (name, _) in enumerate(named)}  # each parameter's place in the model
         #: What DDP reduces every step: every bucket's parameter names (until a step shows them).
         self._reduced = {name for name, p in named if p.requires_grad and name not in ignored}
-        policy = create_policy(compression)
         self.communicator = _communicator(collectives, process_group)
-        self.exchanger = Exchanger(policy, self.communicator, None if memory is None else create_memory(memory),
-                                   sparse_as_dense=sparse_as_dense, prefix=prefix, error_if_nonfinite=error_if_nonfinite)
+        self.exchanger = assemble(compression, memory, self.communicator, sparse_as_dense=sparse_as_dense,
+                                  prefix=prefix, error_if_nonfinite=error_if_nonfinite)
         self._buckets: list[_Bucket] = []  # this step's, until its last bucket
         self._given: set[str] = set()  # the names of this step's buckets so far
         self._layout: list[tuple[str, ...]] = []  # the last step's buckets, by names

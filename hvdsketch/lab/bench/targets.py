@@ -27,6 +27,9 @@ drop-in sketch              fashion   1gbit  Horovod's optimizer with ``Compress
                                              than with ``none``, accuracy within 1%
 drop-in sketch              lstm,     1gbit  Horovod's optimizer (tape) with ``Compression.sketch()`` faster than
                             lstm_tf          dense, perplexity within 2%
+FSDP2 reduce-scatter        trans-    1gbit  the fastest of hvdsketch's FSDP entries (:data:`FSDP_OURS`) at least
+                            former           1.3x faster per step than FSDP2 with a bfloat16 ``reduce_dtype``, its
+                                             perplexity within the seeds' spread of that baseline's
 ==========================  ========  =====  ===================================================================
 
 Every figure is a :class:`~hvdsketch.lab.bench.spread.Spread` over the repeats
@@ -56,6 +59,9 @@ RATE = "1gbit"
 OURS = ("sketch", "sketch-ef", "union", "allgather", "auto")
 #: The exact sparse methods.
 EXACT = ("union", "allgather", "hvd-allgather")
+#: hvdsketch's FSDP2 front end (:mod:`hvdsketch.lab.bench.fsdp`), by method: the entries the FSDP2 target picks from.
+FSDP_OURS = ("fsdp-hvdsketch-fp16", "fsdp-hvdsketch-quantize", "fsdp-hvdsketch-quantize4", "fsdp-hvdsketch-rows",
+             "fsdp-hvdsketch-auto")
 #: hvdsketch's DDP hook with ``auto``: its messages over torch.distributed, and over hvdsketch's MPI layer.
 HOOKS = ("ddp-hook-auto", "ddp-hook-auto-mpi")
 
@@ -235,6 +241,24 @@ def soonest_to_target(at_least: float) -> Check:
     return check
 
 
+def fastest_within_spread(entries: Sequence[str], at_least: float) -> Check:
+    """The fastest of ``entries`` (by the median step) at least ``at_least`` times faster per step than
+    the baseline, with its quality inside the range of the baseline's repeats (seeds)."""
+    def check(cell, subject, baseline):
+        ran = [label for label in entries if getattr(cell.get(label), "step_s", None) is not None]
+        base = cell.get(baseline)
+        if not ran or base is None or base.step_s is None or base.quality is None:
+            return None
+        best = min(ran, key=lambda label: cell[label].step_s.center)
+        ratio = base.step_s.over(cell[best].step_s)
+        quality = cell[best].quality
+        inside = MET if quality is not None and base.quality.low <= quality.center <= base.quality.high else MISSED
+        return (f"{best} {ratio.text(3, 'x')} ({_ms(cell[best].step_s, base.step_s)}); quality "
+                f"{quality.text() if quality else '-'} vs {base.quality.text()}",
+                combine([judge(ratio, at_least, at_most=False), inside]))
+    return check
+
+
 def reaches_target(cell, subject, baseline):
     ran = {label: o for label, o in cell.items() if label in EXACT and o.quality is not None}
     if not ran or getattr(cell.get(baseline), "time_to_target_s", None) is None:
@@ -281,6 +305,8 @@ TARGETS = (
            both(faster_by(1.0), quality_within(0.02)), subject="dropin-sketch"),
     Target("tape sketch", "lstm_tf", "faster than dense, perplexity within 2%", at(RATE),
            both(faster_by(1.0), quality_within(0.02)), subject="sketch"),
+    Target("FSDP2 reduce-scatter", "transformer", ">= 1.3x fsdp-bf16 per step, perplexity inside its seeds' spread",
+           at(RATE), fastest_within_spread(FSDP_OURS, 1.3), subject="fsdp-hvdsketch-best", baseline="fsdp-bf16"),
 )
 
 

@@ -1,16 +1,18 @@
 """Real models on real data for ``hvdsketch train`` and the benchmarks.
 
-==========  =====================================================  =========  ==================
-name        model and data                                         gradients  quality
-==========  =====================================================  =========  ==================
-lstm        2-layer LSTM language model, King James Bible          sparse     perplexity
-            (PyTorch; embedding rows sparse, the rest dense)       + dense
-lstm_tf     the same model in tf-keras (``Embedding`` gives        sparse     perplexity
-            ``tf.IndexedSlices``)                                  + dense
-fasttext    fastText bag of words + hashed bigrams, WordNet        ~all       accuracy
-            glosses -> 45 supersenses (PyTorch)                    sparse
-fashion     small CNN, Fashion-MNIST (PyTorch)                     dense      accuracy
-==========  =====================================================  =========  ==================
+===========  =====================================================  =========  ==================
+name         model and data                                         gradients  quality
+===========  =====================================================  =========  ==================
+lstm         2-layer LSTM language model, King James Bible          sparse     perplexity
+             (PyTorch; embedding rows sparse, the rest dense)       + dense
+lstm_tf      the same model in tf-keras (``Embedding`` gives        sparse     perplexity
+             ``tf.IndexedSlices``)                                  + dense
+fasttext     fastText bag of words + hashed bigrams, WordNet        ~all       accuracy
+             glosses -> 45 supersenses (PyTorch)                    sparse
+fashion      small CNN, Fashion-MNIST (PyTorch)                     dense      accuracy
+transformer  transformer language model, untied, King James         dense      perplexity
+             Bible (PyTorch, FSDP2; embedding rows mostly 0)
+===========  =====================================================  =========  ==================
 
 ``get("lstm:bptt=20,vocab_size=12000")`` (or ``get("lstm", bptt=20)``) builds
 one with its options validated, through the same flag syntax as compressors
@@ -31,6 +33,7 @@ _MODULES = {
     "lstm_tf": "hvdsketch.lab.workloads.lstm_tf:KerasLanguageModel",
     "fasttext": "hvdsketch.lab.workloads.fasttext:FastTextClassifier",
     "fashion": "hvdsketch.lab.workloads.fashion:FashionCNN",
+    "transformer": "hvdsketch.lab.workloads.transformer:TransformerLanguageModel",
 }
 
 
