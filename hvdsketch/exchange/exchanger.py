@@ -247,6 +247,7 @@ class Exchanger:
         began = time.perf_counter()
         with self.watchdog.watching(self._stalled):
             result = self.flights.complete(name)
+        self._kept.pop(name, None)  # handed on: an overflow can no longer be exchanged again in its place
         self.communicator.stats.seconds["finish"] += time.perf_counter() - began
         return result
 

@@ -75,8 +75,9 @@ def compress(model: torch.nn.Module, compression: Any = None, memory: Any = None
             feedback is part of them (``quantize``), none for the others.
         options: ``replicate`` (HSDP: the replicas' process group or 1-D ``DeviceMesh``),
             ``replicate_compression`` and ``replicate_memory`` (the replica all-reduce's flags, as
-            :class:`hvdsketch.torch.ddp.ExchangeState` takes), ``error_if_nonfinite`` (``False``: a NaN or
-            Inf average is handed back for a loss scaler to skip the step) and ``prefix``.
+            :class:`hvdsketch.torch.ddp.ExchangeState` takes), ``error_if_nonfinite`` (``False``, the default: a NaN
+            or Inf average is handed back for a loss scaler to skip the step, hvdsketch's state kept as
+            before it; ``True``: an error on every rank) and ``prefix``.
 
     Returns:
         The :class:`FSDPReduction`: ``report()``, ``state_dict()`` / ``load_state_dict()``.

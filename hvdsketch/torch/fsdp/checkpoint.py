@@ -17,8 +17,9 @@ from __future__ import annotations
 import io
 from typing import Any, Mapping
 
-import numpy as np
 import torch
+
+from hvdsketch.torch import saved
 
 
 def key(rank: int) -> str:
@@ -28,9 +29,9 @@ def key(rank: int) -> str:
 
 def pack(state: Mapping[str, Any]) -> bytes:
     """``state`` (nested dicts and lists of numpy arrays and plain values) as ``torch.save``'s bytes,
-    every array a tensor, every 0-d text array its text."""
+    every array a tensor (:func:`hvdsketch.torch.saved.to_torch`)."""
     buffer = io.BytesIO()
-    torch.save(_tensors(state), buffer)
+    torch.save(saved.to_torch(state), buffer)
     return buffer.getvalue()
 
 
@@ -39,28 +40,4 @@ def unpack(blob: bytes) -> Any:
     if not isinstance(blob, (bytes, bytearray)):
         raise ValueError(f"hvdsketch: a rank's entry of the FSDP state is not what state_dict() wrote "
                          f"(got {type(blob).__name__})")
-    return _arrays(torch.load(io.BytesIO(blob)))
-
-
-def _tensors(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _tensors(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_tensors(v) for v in value]
-    if isinstance(value, np.ndarray) and value.dtype.kind == "U":
-        return str(value)
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(value).copy())
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def _arrays(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _arrays(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_arrays(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return value.numpy()
-    return value
+    return saved.to_numpy(torch.load(io.BytesIO(blob)))

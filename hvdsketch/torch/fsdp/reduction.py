@@ -47,7 +47,7 @@ class FSDPReduction:
 
     def __init__(self, model: torch.nn.Module, compression: Any = None, memory: Any = None, *,
                  replicate: Any = None, replicate_compression: Any = None, replicate_memory: Any = None,
-                 error_if_nonfinite: bool = True, prefix: str = "hvdsketch.fsdp") -> None:
+                 error_if_nonfinite: bool = False, prefix: str = "hvdsketch.fsdp") -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"hvdsketch: compress takes the model fully_shard wrapped, got {type(model).__name__}")
         if not dist.is_initialized():
