@@ -21,23 +21,17 @@ as ``compression=`` to ``hvd.DistributedOptimizer`` or
 * bfloat16 tensors, which Horovod cannot reduce, carried as float32;
 * a count of payload bytes sent against the dense bytes, :meth:`report`.
 
-Horovod's drop-in path shows neither the tensor's name nor the step. The
-object infers both, alike on every rank: a step is a run of ``compress`` calls
+Horovod's drop-in path shows neither the tensor's name nor the step; the
+object infers both, alike on every rank. A step is a run of ``compress`` calls
 (Horovod compresses every gradient of a step before it decompresses any), so a
-``compress`` after a ``decompress`` starts the next step; within a step the
-``k``-th tensor of a shape is named ``shape(...)#k`` (ranks produce their
-gradients of one shape in the same order). So hash seeds change every step and
-tensors of one shape keep their own state (the sketch's planned size: an
-embedding and an output layer of one shape are sized apart). The steps and the
-states belong to the object (its :class:`Session`), which is the object Horovod's
-optimizer or tape holds: PyTorch's namespace makes a new one at each use
-(``compression=Compression.sketch`` given to a GAN's two optimizers gives each its
-own), TensorFlow's one per flag (Horovod caches its traced allreduce by the
-compression object). Inside ``tf.function`` the call is traced once, so the traced
-graph keeps the plan of its tracing, and its hashes are those of step 0 whenever
-it is traced: a trace is no step, so a rank that traces again alone (a smaller
-last batch) builds the same graph as the ranks that do not, as hvdsketch's own
-tape does, and tapes given one object each build the graph they would alone.
+``compress`` after a ``decompress`` starts the next; within a step the ``k``-th
+tensor of a shape is ``shape(...)#k`` (ranks produce their gradients of one shape
+in one order). Steps and tensor states belong to the object (its :class:`Session`),
+the one Horovod's optimizer or tape holds: PyTorch's namespace makes a new one at
+each use, TensorFlow's one per flag (:attr:`CompressionNamespace.one_per_flag`).
+Inside ``tf.function`` a trace is no step: the traced graph keeps the plan and the
+step-0 hashes of its tracing, so a rank that traces again alone builds the graph
+the other ranks run, and tapes given one object each build the graph they would alone.
 """
 from __future__ import annotations
 
@@ -106,6 +100,8 @@ class DropInCompression:
         self._warned = False
 
     def compress(self, tensor: Any) -> tuple[Any, Any]:
+        """The payload Horovod averages in place of ``tensor``, and the context :meth:`decompress`
+        takes: ``(tensor, None)`` for an integer or empty tensor, passed through."""
         ops = backend(tensor)
         shape = ops.shape(tensor)
         if is_passthrough(tensor):

@@ -65,7 +65,7 @@ def gather(exchanger: Exchanger, ops: Ops) -> dict[str, Any]:
     step tag in one round (:meth:`Exchanger.check_in <hvdsketch.exchange.Exchanger.check_in>`). Where
     only this rank does (Horovod's habit: ``state_dict()`` inside ``if hvd.rank() == 0:``), it waits
     for no one: the others' next step answers it at once, and whatever else they do (a barrier, an
-    allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS`` (10 s), warns and gives :func:`alone`'s."""
+    allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS`` seconds (default 10), warns and gives :func:`alone`'s."""
     mine = pickle.dumps(exchanger.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
     try:
         shares = exchanger.check_in(agreement.CHECKPOINT, mine, ops)
