@@ -21,29 +21,22 @@ as ``compression=`` to ``hvd.DistributedOptimizer`` or
 * bfloat16 tensors, which Horovod cannot reduce, carried as float32;
 * a count of payload bytes sent against the dense bytes, :meth:`report`.
 
-Horovod's drop-in path shows neither the tensor's name nor the step. The
-object infers both, alike on every rank, for each Horovod optimizer or tape
-that calls it (the nearest ``self`` of a Horovod class up the call stack: two
-``hvd.DistributedOptimizer``\ s given one ``Compression.sketch``, a GAN's, each
-train as they would alone): a step is a run of ``compress`` calls
+Horovod's drop-in path shows neither the tensor's name nor the step; the
+object infers both, alike on every rank. A step is a run of ``compress`` calls
 (Horovod compresses every gradient of a step before it decompresses any), so a
-``compress`` after a ``decompress`` starts the next step; within a step the
-``k``-th tensor of a shape is named ``shape(...)#k`` (ranks produce their
-gradients of one shape in the same order). So hash seeds change every step and
-tensors of one shape keep their own state (the sketch's planned size: an
-embedding and an output layer of one shape are sized apart), in that caller's
-:class:`~hvdsketch.compress.state.StateTable`. Inside
-``tf.function`` the call is traced once, so the traced graph keeps the plan of
-its tracing, and its hashes are those of step 0 whenever it is traced: a trace
-is no step, so a rank that traces again alone (a smaller last batch) builds the
-same graph as the ranks that do not, as hvdsketch's own tape does.
+``compress`` after a ``decompress`` starts the next; within a step the ``k``-th
+tensor of a shape is ``shape(...)#k`` (ranks produce their gradients of one shape
+in one order). Steps and tensor states belong to the object (its :class:`Session`),
+the one Horovod's optimizer or tape holds: PyTorch's namespace makes a new one at
+each use, TensorFlow's one per flag (:attr:`CompressionNamespace.one_per_flag`).
+Inside ``tf.function`` a trace is no step: the traced graph keeps the plan and the
+step-0 hashes of its tracing, so a rank that traces again alone builds the graph
+the other ranks run, and tapes given one object each build the graph they would alone.
 """
 from __future__ import annotations
 
 import dataclasses
-import sys
 import warnings
-import weakref
 from typing import Any
 
 from hvdsketch import spec as _spec
@@ -83,30 +76,9 @@ def one_message(flag: "Compressor | str", own: str = "hvdsketch's DistributedOpt
     return compressor
 
 
-#: How far up the call stack a compression looks for the Horovod optimizer or tape calling it.
-_CALLER_DEPTH = 24
-
-
-def _caller() -> Any:
-    """The Horovod optimizer or tape whose call reached the compression (the nearest ``self`` of a
-    class of Horovod's up the stack), or ``None`` (``hvd.allreduce(..., compression=)`` called directly)."""
-    try:
-        frame = sys._getframe(3)  # past _caller_session and compress / decompress
-    except ValueError:  # called from no Python frame
-        return None
-    for _ in range(_CALLER_DEPTH):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if owner is not None and type(owner).__module__.startswith("horovod."):
-            return owner
-        frame = frame.f_back
-    return None
-
-
 @dataclasses.dataclass
 class Session:
-    """What one caller's use of a drop-in compression remembers: its step and its tensors' states."""
+    """What a drop-in compression remembers between calls: its inferred step and its tensors' states."""
 
     step: int = 0
     #: shape -> tensors of it compressed this step (the ``k`` of ``shape(...)#k``).
@@ -121,34 +93,20 @@ class DropInCompression:
 
     def __init__(self, compressor: "Compressor | str") -> None:
         self.compressor = one_message(compressor)
-        self._sessions: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
-        self._alone = Session()  # for calls from no Horovod optimizer or tape
+        #: The inferred step and the tensors' states of every call this object takes.
+        self.session = Session()
         self._sent = 0  # payload bytes counted in Python
         self._dense = 0  # their dense equivalent
         self._warned = False
 
-    def session(self, caller: Any = None) -> Session:
-        """The step and tensor states of ``caller`` (a Horovod optimizer or tape; ``None``: calls made
-        from neither)."""
-        if caller is None:
-            return self._alone
-        if caller not in self._sessions:
-            self._sessions[caller] = Session()
-        return self._sessions[caller]
-
-    def _caller_session(self) -> Session:
-        """The session of the Horovod optimizer or tape calling :meth:`compress` or :meth:`decompress`."""
-        try:
-            return self.session(_caller())
-        except TypeError:  # a caller that takes no weak reference
-            return self._alone
-
     def compress(self, tensor: Any) -> tuple[Any, Any]:
+        """The payload Horovod averages in place of ``tensor``, and the context :meth:`decompress`
+        takes: ``(tensor, None)`` for an integer or empty tensor, passed through."""
         ops = backend(tensor)
         shape = ops.shape(tensor)
         if is_passthrough(tensor):
             return tensor, None
-        session = self._caller_session()
+        session = self.session
         traced = ops.is_symbolic(tensor)
         if session.decompressed:  # a new step, or a new trace, which is no step
             session.step, session.decompressed = session.step + (not traced), False
@@ -167,7 +125,7 @@ class DropInCompression:
         if dtype in _TAGGED:
             payload = ops.concat([ops.flatten(payload), ops.constant(_tags(shape, str(self.compressor)), dtype, tensor)])
         self._count(ops.nbytes(payload), ops.nbytes(given))
-        return payload, (session, flight, ctx, ops.shape(message.tensor), dtype, given)
+        return payload, (flight, ctx, ops.shape(message.tensor), dtype, given)
 
     def compressor_for(self, tensor: Any) -> Compressor:
         """The compressor that exchanges ``tensor`` (here: the one this compression was made with)."""
@@ -177,11 +135,10 @@ class DropInCompression:
         """The averaged gradient, after checking (one host sync per tensor: Horovod's path has no
         step boundary to check all tensors at once) that the tags agreed, and whether it is finite:
         one that is not is handed back as it is, its state left as before (eager)."""
-        if state is None:  # passed through, or Horovod's sparse allreduce: still the end of a step
-            self._caller_session().decompressed = True
+        self.session.decompressed = True  # passed through (or Horovod's sparse allreduce) too
+        if state is None:
             return tensor
-        session, flight, ctx, message_shape, dtype, given = state
-        session.decompressed = True
+        flight, ctx, message_shape, dtype, given = state
         ops = backend(tensor)
         narrow = dtype if dtype in NARROW else None
         name = f"of shape {ctx.shape}"
@@ -244,7 +201,7 @@ class DropInCompression:
 
 class PresetCompression(DropInCompression):
     """A drop-in compression a ``Compression`` namespace made; called with options it gives the
-    namespace's one with those options changed (``Compression.sketch(error=0.5)``)."""
+    namespace's compression with those options changed (``Compression.sketch(error=0.5)``)."""
 
     #: The namespace that made it.
     namespace: type["CompressionNamespace"]
@@ -258,11 +215,11 @@ class PresetCompression(DropInCompression):
 class _Preset:
     """A compressor's name as an attribute of a ``Compression`` namespace (``Compression.fp16``).
 
-    Reading it gives the namespace's one drop-in compression of that compressor with its drop-in
-    defaults (the same object every time, so its :meth:`DropInCompression.report` accumulates);
-    calling that with options gives the one of those options (``Compression.sketch(error=0.5)``).
-    A compressor that needs more than Horovod's one averaged allreduce raises ``ValueError`` on
-    reading, naming hvdsketch's own optimizer or tape, which runs it.
+    Reading it gives the namespace's drop-in compression of that compressor with its drop-in
+    defaults (:meth:`CompressionNamespace.from_spec`); calling that with options gives the one of
+    those options (``Compression.sketch(error=0.5)``). A compressor that needs more than Horovod's
+    one averaged allreduce raises ``ValueError`` on reading, naming hvdsketch's own optimizer or
+    tape, which runs it.
     """
 
     def __init__(self, name: str) -> None:
@@ -278,33 +235,46 @@ class CompressionNamespace:
     ``Compression.none`` and ``Compression.fp16`` as in Horovod; ``Compression.randomk``,
     ``Compression.sketch`` and every other drop-in compressor the same way, called with options
     for other settings (``Compression.sketch(error=0.5, rows=3)``, ``Compression.fp16(dtype="bfloat16")``),
-    or by flag with :meth:`from_spec`. One object per namespace and flag: ``Compression.fp16 is
-    Compression.fp16``. Horovod's path has room for one allreduce only, so a compressor goes in its
-    one-message form there (the sketch's bitmap rides in the averaged message,
-    :meth:`~hvdsketch.compress.Compressor.one_message`). The other compressors
+    or by flag with :meth:`from_spec`. Horovod's path has room for one allreduce only, so a
+    compressor goes in its one-message form there (the sketch's bitmap rides in the averaged
+    message, :meth:`~hvdsketch.compress.Compressor.one_message`). The other compressors
     (``Compression.topk``, ``Compression.powersgd``, ...) raise a ``ValueError`` naming :attr:`own`,
     hvdsketch's optimizer or tape that runs them.
+
+    A compression's inferred steps, tensor states and byte counts are its own; :attr:`one_per_flag`
+    says whether each use makes a new one or a flag always gives the same.
     """
 
     #: The drop-in compression class of the framework.
     drop_in: type[PresetCompression] = PresetCompression
     #: What runs the compressors Horovod's ``compression=`` cannot, for the error message.
     own: str = "hvdsketch's DistributedOptimizer / DistributedGradientTape"
+    #: Whether a flag gives one object, the same at every use (``Compression.fp16 is
+    #: Compression.fp16``), or each use a new one.
+    one_per_flag: bool = False
     _made: dict[tuple[type, str], PresetCompression] = {}  # (namespace, flag) -> its one compression
 
     @classmethod
     def from_spec(cls, flag: "str | Compressor") -> PresetCompression:
-        """The drop-in compression of a flag, e.g. ``"sketch:error=0.5"``."""
+        """The drop-in compression of ``flag``, e.g. ``"sketch:error=0.5"``: a new one, or where
+        :attr:`one_per_flag`, the namespace's one of that flag.
+
+        Raises :class:`~hvdsketch.spec.SpecError` or ``ValueError`` for a flag that is not valid or
+        that Horovod's ``compression=`` cannot carry, naming :attr:`own`."""
         compressor = one_message(flag, cls.own)
         key = (cls, str(compressor))
-        if key not in cls._made:
-            made = cls._made[key] = cls.drop_in(compressor)
-            made.namespace = cls
-        return cls._made[key]
+        if cls.one_per_flag and key in cls._made:
+            return cls._made[key]
+        made = cls.drop_in(compressor)
+        made.namespace = cls
+        if cls.one_per_flag:
+            cls._made[key] = made
+        return made
 
     @classmethod
     def with_options(cls, name: str, **options: Any) -> PresetCompression:
-        """The drop-in compression of compressor ``name`` with ``options`` (validated)."""
+        """The drop-in compression of compressor ``name`` with ``options`` (validated), as
+        :meth:`from_spec` gives it."""
         return cls.from_spec(create(name, **options))
 
 

@@ -2,60 +2,42 @@
 
 A round's messages are grouped as Horovod's communicator groups them
 (:mod:`~hvdsketch.collectives.grouping`) and started with ``async_op=True`` on
-a process group (the default one unless given), so :meth:`Handle.test` polls
-``work.is_completed()`` and the round travels while backward goes on (and a wait
-over gloo polls too, yielding the core: :meth:`TorchDistCommunicator.wait`):
+a process group (the default one unless given); :meth:`Handle.test` polls
+``work.is_completed()``, so the round travels while backward goes on. By kind:
 
-- floating-point ``average``, ``sum``, ``max``: one ``all_reduce`` per (op,
-  dtype) of the messages fused into one flat buffer. ``average`` scales by
-  ``1 / N`` before the sum, as DDP's own reducer does (so a bucket's gradients
-  fused in the bucket's layout come back bit for bit as DDP's).
-- ``allgather`` (row counts may differ by rank) and ``bor``: every gathered
-  message of a launch, whatever its dtype, packed as bytes into one ``all_gather``
-  (gloo's takes equal sizes only: each message padded to its longest rank's rows),
-  then cut apart by the row counts. Where those differ by rank (a row-sparse
-  gradient's indices and values), the first launch of a message sends its counts
-  first, waited for at once, with the launch's integer allreduces (below); from
-  then on the message has a *bound*, the most rows any rank sent in its last
-  :data:`BOUND_LAUNCHES` launches, and its rows go padded to it, the counts and
-  the launch's small reductions in the same one
-  ``all_gather``. Rows past a bound (a rank whose rows grew) follow in one more ``all_gather`` when the launch is settled: at its
-  results, or before the next launch, whichever comes first, so on every rank
-  right after their launch. A ``bor`` is folded from the gathered bitmaps, as
-  Horovod's communicator does (so bytes compare with it). A row-sparse gradient's
-  allgather is so one gloo collective with the step tag, where a round of counts
-  first was two, and one by dtype four.
-- integer ``average``, ``sum``, ``max`` (the exchanger's step tag and checks),
-  and at 2 ranks floating-point ones under :data:`GATHERED_BELOW` bytes where no
-  row counts wait: in one ``all_gather`` of their bytes, with the row counts,
-  reduced on each rank (integers exact in any order, a sum of two in one order).
-  Gloo's ``all_gather`` takes ``N - 1`` hops where its ``all_reduce`` takes
-  ``2 (N - 1)``; a small one cost 1.6 against 2.6 ms at 2 ranks, 5.0 against
-  8.6 ms at 4, on the emulated cluster (``results/ddp-hook/latency.py``). Bytes
-  are counted as the allreduce's: the same at 2 ranks, and a few integers beyond.
-- ``alltoall``: ``all_to_all_single`` with the message's splits as input splits,
-  the output splits exchanged first by a small ``all_to_all_single`` waited for at once,
-  unless the message says them (``Message.received``).
+- floating-point ``average``, ``sum``, ``max``: one ``all_reduce`` per (op, dtype)
+  of the messages fused into one flat buffer; ``average`` scales by ``1 / N``
+  before the sum, as DDP's reducer does, so a bucket comes back bit for bit as DDP's.
+- ``allgather`` and ``bor``: every gathered message of a launch packed as bytes
+  into one ``all_gather`` (gloo's takes equal sizes: each message padded to its
+  longest rank's rows), then cut apart by the row counts. Where the counts differ
+  by rank (a row-sparse gradient), a message's first launch sends them first;
+  later launches pad its rows to a bound (the most rows any rank sent in its last
+  :data:`BOUND_LAUNCHES` launches), the counts riding along, and rows past the
+  bound follow in one more ``all_gather`` when the launch is settled. A ``bor`` is
+  folded from the gathered bitmaps, as Horovod's communicator does.
+- integer ``average``, ``sum``, ``max`` (the exchanger's step tag and checks), and
+  at 2 ranks floating-point ones under :data:`GATHERED_BELOW` bytes where no row
+  counts wait: one ``all_gather`` of their bytes with the row counts, reduced on
+  each rank (integers exact in any order, a sum of two in one order). An
+  ``all_gather`` takes ``N - 1`` hops where an ``all_reduce`` takes ``2 (N - 1)``.
+- ``alltoall``: ``all_to_all_single``, the output splits exchanged first, unless
+  the message says them (``Message.received``).
 - ``reduce_scatter``: ``reduce_scatter_tensor`` with ``ReduceOp.AVG``, FSDP's own
   reduction of a gradient (so its results are FSDP's bit for bit).
 
-Bytes are counted by the same formulas as Horovod's communicator's, one record
-per :meth:`TorchDistCommunicator.start` call.
+Bytes are counted by the formulas of Horovod's communicator, one record per
+:meth:`TorchDistCommunicator.start` call.
 
-torch.distributed matches collectives by the order of calls, not by name
-(``ordered``): the exchanger launches rounds in one order on every rank
+torch.distributed matches collectives by call order, not by name (``ordered``):
+the exchanger launches rounds in one order on every rank
 (:mod:`~hvdsketch.exchange.ordering`), and a launch issues its collectives in one
-order too (the gathered reductions with the counts, allreduces, the packed allgather, alltoalls), including the few it waits
-for itself (row counts, splits). Inside :meth:`TorchDistCommunicator.fusing` (the
-DDP hook wraps each bucket's exchanges in it) every start is held and the held
-messages go out together when the block ends, fused by (op, dtype): one bucket
-of dense gradients is one allreduce, as in DDP. So that what goes out inside a
-block is the same on every rank, no handle reports itself done while a block is
-open (nothing advances to a later round on one rank's timing); a ``wait()``
-inside a block sends what is held first.
-
-Tensors travel on their own device. With NCCL, host tensors (the exchanger's
-step tag and checks) are staged through the current CUDA device.
+order. Inside :meth:`TorchDistCommunicator.fusing` (the DDP hook wraps each
+bucket in it) every start is held and the held messages go out together when the
+block ends, fused by (op, dtype); no handle reports itself done while a block is
+open, and a ``wait()`` inside a block sends what is held first. A wait over gloo
+polls, yielding the core (:func:`poll`). Tensors travel on their own device; with
+NCCL, host tensors are staged through the current CUDA device.
 """
 from __future__ import annotations
 
@@ -75,16 +57,14 @@ from hvdsketch.collectives.stats import CommStats
 from hvdsketch.compress.base import Message
 
 
-#: Floating-point allreduce groups below this many bytes go as an all_gather at 2 ranks (1 MiB: 8 ms at
-#: 1 Gbit/s, against a hop of about 1 ms; see :meth:`_Launch._by_gather`).
+#: Floating-point allreduce groups below this many bytes go as an all_gather at 2 ranks, where a
+#: collective's hop costs more than the bytes (see :meth:`_Launch._by_gather`).
 GATHERED_BELOW = 1 << 20
 #: An allgather's rows that differ by rank go padded to the most rows any rank sent in this many of its
-#: last launches. fastText's embedding over 200 steps at 2 ranks: 14% of its rows in padding, 6% of the
-#: launches outgrowing it (one more all_gather each), against 30% and 0.5% for 1.25x the last launch's.
+#: last launches (a launch outgrowing it sends one more all_gather).
 BOUND_LAUNCHES = 16
 #: How many times a wait over gloo may yield its core to another thread before it sleeps
-#: (:func:`poll`): a rank alone on its core yields it to its own gloo threads a few times a wait
-#: (about 1,200 times in a run of 300 fastText steps).
+#: (:func:`poll`): a rank alone on its core yields it to its own gloo threads a few times a wait.
 YIELDED_AWAY = 32
 
 
@@ -185,8 +165,7 @@ class _Launch:
                           varying: list[int]) -> list[list[int]]:
         """The allreduce groups ``keys`` (see :meth:`_by_gather`) and the row counts of the allgathers
         ``varying``, as one all_gather of each rank's bytes, reduced here: gloo's all_gather takes N - 1
-        hops where its all_reduce takes 2 (N - 1), each about a millisecond on the emulated cluster
-        (results/ddp-hook/latency.py), and at 2 ranks it sends the ring's bytes. Where there are counts,
+        hops where its all_reduce takes 2 (N - 1), and at 2 ranks it sends the ring's bytes. Where there are counts,
         it is waited for at once and they are returned, every rank's list in rank order; the
         reductions' results come with the rest."""
         c = self._communicator
@@ -474,15 +453,10 @@ class TorchDistCommunicator:
 def poll(work: Any) -> None:
     """Poll ``work`` until it completes, the core yielded between polls, as MPI waits: gloo
     completes a collective on its own threads, each message a hand-off between them, and a waiter
-    asleep lets the core idle, so every hand-off waits for it to wake (a small ``all_gather`` 0.77
-    against 1.28 ms at 2 ranks on the emulated cluster; a fastText step through the DDP hook 6%
-    faster). Unless the yields hand the core to other threads more than :data:`YIELDED_AWAY`
-    times: then another rank shares this core, and ranks polling side by side yield to each other
-    by the million in a run (the LSTM at 4 ranks on 2 cores: 4.1-4.6 million context switches a
-    run against 0.14 million with this limit, and steps 0.87, 0.92 and 1.11x as long in three
-    pairs), so it returns, for the caller to sleep in ``work.wait()``. Where ranks sharing a core
-    do little but tiny collectives, sleeping costs them the wake-ups instead (tests/mpi/ddp at 4
-    ranks on 2 cores, unpinned: 37-38 s against 32 s polled through)."""
+    asleep lets the core idle, so every hand-off would wait for it to wake. Once the yields have
+    handed the core to other threads more than :data:`YIELDED_AWAY` times, another rank shares this
+    core (ranks polling side by side would yield to each other by the million), so it returns, for
+    the caller to sleep in ``work.wait()``."""
     away = _switched_away() + YIELDED_AWAY
     polls = 0
     while not work.is_completed() and (polls % 64 or _switched_away() <= away):

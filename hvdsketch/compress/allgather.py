@@ -28,6 +28,7 @@ from hvdsketch.compress import sizing
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
 from hvdsketch.compress.support import Layout, RowSparse, count_units, from_units, units_of, values_of
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 
 def index_dtype(layout: Layout) -> str:
@@ -35,7 +36,7 @@ def index_dtype(layout: Layout) -> str:
     return "int32" if layout.units < 2**31 else "int64"
 
 
-def lossy_residual(ops: Any, layout: Layout, units: Any, values: Any, sent: Any, shape: Any) -> Any:
+def lossy_residual(ops: Ops, layout: Layout, units: Any, values: Any, sent: Any, shape: Any) -> Any:
     """What rounding ``values`` to the wire format lost (row-sparse on a matrix's rows)."""
     return from_units(ops, layout, units, values - ops.cast(sent, ops.dtype_name(values)), shape, row_sparse=True)
 

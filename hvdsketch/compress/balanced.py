@@ -33,7 +33,6 @@ own rows (error feedback returns it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import rowcode, sizing
@@ -41,6 +40,7 @@ from hvdsketch.compress.allgather import lossy_residual
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
 from hvdsketch.compress.support import Layout, RowSparse, from_units, units_of
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Owners:
     pair_pos: Any
 
     @classmethod
-    def agree(cls, ops: ModuleType, rows: Sequence[Any], units: int) -> "Owners":
+    def agree(cls, ops: Ops, rows: Sequence[Any], units: int) -> "Owners":
         """The owners from each rank's sorted ``rows`` (int64), alike on every rank."""
         size = len(rows)
         pair_row = ops.concat(list(rows))
@@ -81,15 +81,15 @@ class Owners:
     def count(self) -> int:
         return backend(self.union).shape(self.union)[0]
 
-    def owned(self, ops: ModuleType, rank: int) -> Any:
+    def owned(self, ops: Ops, rank: int) -> Any:
         """Union positions ``rank`` owns, sorted (a host sync: the count)."""
         return ops.positive(ops.cast(self.owner == rank, "int64"))
 
-    def owned_pairs(self, ops: ModuleType, rank: int) -> Any:
+    def owned_pairs(self, ops: Ops, rank: int) -> Any:
         """The touches of rows ``rank`` owns, in touch order (what round two brings it; a host sync)."""
         return ops.positive(ops.cast(ops.gather(self.owner, self.pair_pos) == rank, "int64"))
 
-    def gathered_order(self, ops: ModuleType) -> Any:
+    def gathered_order(self, ops: Ops) -> Any:
         """For each union position, its row in round three's gather (owners' sums in rank order,
         each owner's in union order)."""
         count = self.count

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
 from hvdsketch.compress.state import scratch
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class HalfPrecision(Compressor):
         ops = backend(tensor)
         return [Message(self._wire(ops, tensor, ctx), "average")], ops.dtype_name(tensor)
 
-    def _wire(self, ops: ModuleType, tensor: Any, ctx: TensorContext) -> Any:
+    def _wire(self, ops: Ops, tensor: Any, ctx: TensorContext) -> Any:
         """``tensor`` in 16 bits: written into the state's message of the step before where there is
         one of its size on its device, else new."""
         wire = None if ctx.state is None else ctx.state.wire

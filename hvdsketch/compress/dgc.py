@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds, sparse
 from hvdsketch.compress.base import Compressor, Exchange, Message, Round, TensorContext
 from hvdsketch.compress.state import require_eager, scratch
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class DeepGradientCompression(Compressor):
             state = DGCState(ops.zero_at(u, indices, u if ops.writable else None), spare=state.spare)
         return self.decompress(reduced, indices, ctx), state
 
-    def _clipped(self, ops: ModuleType, g: Any, world_size: int) -> Any:
+    def _clipped(self, ops: Ops, g: Any, world_size: int) -> Any:
         if self.clip is None:
             return g
         bound = self.clip / math.sqrt(world_size)

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from hvdsketch.compress.base import Compressor, Message, Round, TensorContext
 from hvdsketch.compress.state import StateTable
 from hvdsketch.compress.support import RowSparse, values_of
 from hvdsketch.ops import backend
+
+if TYPE_CHECKING:  # memory/ builds on compress/: imported for the annotation only
+    from hvdsketch.memory.residual import Memory
 
 
 class Flight:
@@ -40,7 +43,7 @@ class Flight:
     for collectives excluded.
     """
 
-    def __init__(self, compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Any = None,
+    def __init__(self, compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Memory | None = None,
                  states: StateTable | None = None) -> None:
         began = time.perf_counter()
         ops = backend(values_of(tensor))
@@ -109,7 +112,7 @@ def _written(result: Any, out: Any) -> Any:
     return backend(result).into(out, result)
 
 
-def run_local(compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Any = None,
+def run_local(compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Memory | None = None,
               states: StateTable | None = None) -> tuple[Any, list[list[Message]]]:
     """The whole exchange over this rank alone (each round's reduction over one rank is its own
     messages): the result and every round's messages. For measuring codecs and warming up memory.

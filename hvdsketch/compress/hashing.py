@@ -42,12 +42,12 @@ precomputed per element.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from hvdsketch.digests import crc
+from hvdsketch.ops.contract import Ops
 
 P = 2**31 - 1
 
@@ -76,7 +76,7 @@ class KeyHash:
         x = self.field(keys, bound)
         return ((((self.a2 * x + self.a1) % P) * x + self.a0) % P) % cols
 
-    def sign(self, ops: ModuleType, keys: Any, dtype: str, bound: int) -> Any:
+    def sign(self, ops: Ops, keys: Any, dtype: str, bound: int) -> Any:
         x = self.field(keys, bound)
         h = ((((self.s3 * x + self.s2) % P) * x + self.s1) % P * x + self.s0) % P
         return ops.cast(1 - 2 * (h % 2), dtype)
@@ -102,24 +102,24 @@ class HashFamily:
     def rows(self) -> int:
         return len(self.units)
 
-    def buckets(self, ops: ModuleType, row: int, units: Any, unit_len: int, bound: int) -> Any:
+    def buckets(self, ops: Ops, row: int, units: Any, unit_len: int, bound: int) -> Any:
         """Flat buckets of every element of ``units`` (int64, row-major: unit by unit), for units
         numbered below ``bound``."""
         offsets = self.offsets[row].bucket(ops.arange(unit_len, like=units), self.cols, unit_len)
         return ops.outer_add(self.units[row].bucket(units, self.cols, bound), offsets) % self.cols
 
-    def signs(self, ops: ModuleType, row: int, units: Any, unit_len: int, dtype: str, bound: int) -> Any:
+    def signs(self, ops: Ops, row: int, units: Any, unit_len: int, dtype: str, bound: int) -> Any:
         """Flat signs (``dtype``, +-1) of every element of ``units``, row-major as :meth:`buckets`."""
         offsets = self.offsets[row].sign(ops, ops.arange(unit_len, like=units), dtype, unit_len)
         return ops.flatten(ops.reshape(self.units[row].sign(ops, units, dtype, bound), (-1, 1))
                            * ops.reshape(offsets, (1, -1)))
 
-    def element_buckets(self, ops: ModuleType, row: int, units: Any, offsets: Any, unit_len: int, bound: int) -> Any:
+    def element_buckets(self, ops: Ops, row: int, units: Any, offsets: Any, unit_len: int, bound: int) -> Any:
         """Buckets of the elements ``(units[k], offsets[k])`` (the same as :meth:`buckets` gives them)."""
         return (self.units[row].bucket(units, self.cols, bound) + self.offsets[row].bucket(offsets, self.cols, unit_len)
                 ) % self.cols
 
-    def element_signs(self, ops: ModuleType, row: int, units: Any, offsets: Any, unit_len: int, dtype: str,
+    def element_signs(self, ops: Ops, row: int, units: Any, offsets: Any, unit_len: int, dtype: str,
                       bound: int) -> Any:
         """Signs of the elements ``(units[k], offsets[k])`` (the same as :meth:`signs` gives them)."""
         return self.units[row].sign(ops, units, dtype, bound) * self.offsets[row].sign(ops, offsets, dtype, unit_len)

@@ -126,7 +126,7 @@ class PowerSGD(Compressor):
     def project(self, reduced: Sequence[Any], matrix: Any) -> tuple[list[Message], Any]:
         """Round 2: ``P^ = orthogonalize(mean P)`` and ``Q = M^T P^``, sent as ``Q^T = P^^T M``
         (``r x m``): one pass over ``M`` in its own row order, where ``M^T P^`` reads it across rows
-        (5x slower in one thread, and a copy of ``M`` where transposing is one). The state keeps
+        (and copies ``M`` where transposing is one). The state keeps
         ``Q`` as the transpose of the averaged message (a view where the back-end has views), the
         layout in which ``M Q`` is fastest too."""
         ops = backend(matrix)

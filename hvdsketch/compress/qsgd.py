@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, ClassVar
 
 from hvdsketch.compress.quantize import StochasticQuantizer
+from hvdsketch.ops.contract import Ops
 
 
 @dataclass(frozen=True)
@@ -41,5 +41,5 @@ class QSGD(StochasticQuantizer):
         if self.bucket is not None and self.bucket < 1:
             raise ValueError(f"bucket must be >= 1 or none, got {self.bucket}")
 
-    def scales(self, ops: ModuleType, flat: Any, size: int) -> Any:
+    def scales(self, ops: Ops, flat: Any, size: int) -> Any:
         return ops.bucket_norms(flat, size, 2)

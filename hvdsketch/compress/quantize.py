@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import seeds
 from hvdsketch.compress.base import Compressor, Message, TensorContext
 from hvdsketch.compress.support import flat_out
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 
 def code_dtype(levels: int) -> str:
@@ -41,7 +41,7 @@ class StochasticQuantizer(Compressor):
     seed: int
 
     @abstractmethod
-    def scales(self, ops: ModuleType, flat: Any, size: int) -> Any:
+    def scales(self, ops: Ops, flat: Any, size: int) -> Any:
         """One scale per bucket of ``size`` consecutive entries of ``flat``, at least the bucket's largest ``|v_i|``."""
 
     def bucket_size(self, n: int) -> int:

@@ -14,8 +14,9 @@ rank's code fits one allgather of one dtype::
 """
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
+
+from hvdsketch.ops.contract import Ops
 
 BITMAP = 0
 #: Byte widths a delta may take.
@@ -27,7 +28,7 @@ def size(kind: int, count: int, n: int) -> int:
     return -(-n // 8) if kind == BITMAP else count * kind
 
 
-def encode(ops: ModuleType, units: Any, n: int) -> tuple[tuple[int, int], Any]:
+def encode(ops: Ops, units: Any, n: int) -> tuple[tuple[int, int], Any]:
     """``((kind, count), code)``: the sorted int64 ``units`` (of ``n``) as the smaller code, ``uint8``
     on their device (a host sync: the largest gap sets the width)."""
     count = ops.shape(units)[0]
@@ -40,7 +41,7 @@ def encode(ops: ModuleType, units: Any, n: int) -> tuple[tuple[int, int], Any]:
     return (width, count), ops.cast(ops.flatten(ops.transpose(ops.stack(digits))), "uint8")
 
 
-def decode(ops: ModuleType, kind: int, count: int, code: Any, n: int) -> Any:
+def decode(ops: Ops, kind: int, count: int, code: Any, n: int) -> Any:
     """The sorted int64 units a code of :func:`encode` holds (a host sync for a bitmap's count)."""
     if kind == BITMAP:
         return ops.positive(ops.unpack_bits(code)[:n])

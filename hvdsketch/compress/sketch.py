@@ -58,7 +58,6 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress import sizing
@@ -66,6 +65,7 @@ from hvdsketch.compress.base import Compressor, Exchange, Message, Round, Tensor
 from hvdsketch.compress.hashing import HashFamily
 from hvdsketch.compress.support import Layout, RowSparse, count_units, from_units, units_of, values_of
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 #: ``compress``'s default plan: the one the tensor's state gives for this exchange.
 NEXT = "next"
@@ -108,27 +108,27 @@ class Sent:
     source: Any = None          # the tensor the units came from (the result may go into its memory)
 
 
-def hash_units(ops: ModuleType, hashes: HashFamily, layout: Layout, units: Any, dtype: str) -> list[tuple[Any, Any]]:
+def hash_units(ops: Ops, hashes: HashFamily, layout: Layout, units: Any, dtype: str) -> list[tuple[Any, Any]]:
     """Per sketch row, the buckets and signs of every element of ``units`` (row-major)."""
     return [(hashes.buckets(ops, j, units, layout.unit_len, layout.units),
              hashes.signs(ops, j, units, layout.unit_len, dtype, layout.units)) for j in range(hashes.rows)]
 
 
-def sketch_cells(ops: ModuleType, cols: int, hashed: list[tuple[Any, Any]], values: Any) -> Any:
+def sketch_cells(ops: Ops, cols: int, hashed: list[tuple[Any, Any]], values: Any) -> Any:
     """The ``rows x cols`` cells, flat, of the elements ``values`` whose buckets and signs are ``hashed``."""
     flat = ops.flatten(values)
     rows = [ops.scatter_add(cols, buckets, signs * flat) for buckets, signs in hashed]
     return rows[0] if len(rows) == 1 else ops.concat(rows)
 
 
-def recover(ops: ModuleType, cols: int, hashed: list[tuple[Any, Any]], cells: Any, unit_len: int) -> Any:
+def recover(ops: Ops, cols: int, hashed: list[tuple[Any, Any]], cells: Any, unit_len: int) -> Any:
     """The median over rows of ``sign * cell`` for every hashed element, as ``units x unit_len``."""
     rows = ops.split(cells, [cols] * len(hashed))
     estimates = [signs * ops.gather(row, buckets) for row, (buckets, signs) in zip(rows, hashed)]
     return ops.reshape(median(ops, estimates), (-1, unit_len))
 
 
-def median(ops: ModuleType, xs: Sequence[Any]) -> Any:
+def median(ops: Ops, xs: Sequence[Any]) -> Any:
     """Element-wise median of equal-shaped tensors; for an even count, the mean of the two middle
     values. Up to three without sorting: ``median(a, b, c) = max(min(a, b), min(max(a, b), c))``."""
     if len(xs) == 1:
@@ -274,7 +274,7 @@ class SparseSketch(Compressor):
         return dataclasses.replace(state, level=level,
                                    dense_for=sizing.release(state.dense_for, dense_next, self.recheck))
 
-    def _check_union(self, ops: ModuleType, ctx: TensorContext, sent: Sent, count: Any, traced: bool) -> None:
+    def _check_union(self, ops: Ops, ctx: TensorContext, sent: Sent, count: Any, traced: bool) -> None:
         """Warn once per tensor when the reduced bitmap's union (``count`` units, alike on every rank)
         outgrows the plan's bound :data:`~hvdsketch.compress.sizing.OVERFLOW` times, so the recovery's
         error is well above ``error`` (``sent.warned`` then: the tensor's state keeps it). Eagerly
@@ -348,7 +348,7 @@ class SparseSketch(Compressor):
         return [Message(ops.pack_bits(ops.indicator(layout.units, units, "uint8")), "bor"),
                 Message(cells, "average")], sent
 
-    def _cells(self, ops: ModuleType, messages: Sequence[Any], sent: Sent) -> tuple[Any, Any]:
+    def _cells(self, ops: Ops, messages: Sequence[Any], sent: Sent) -> tuple[Any, Any]:
         """``(bitmap, cells)`` of the messages (sent or reduced); cells in the tensor's dtype."""
         layout, plan = sent.plan.layout, sent.plan
         if self.bitmap == "float":

@@ -15,12 +15,12 @@ where a coordinate chosen by several ranks adds up their values.
 from __future__ import annotations
 
 import math
-from types import ModuleType
 from typing import Any, Sequence
 
 from hvdsketch.compress.base import Message, TensorContext
 from hvdsketch.compress.support import flat_out
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 
 def check_fraction(name: str, value: float) -> None:
@@ -34,7 +34,7 @@ def count(fraction: float, n: int) -> int:
     return min(n, max(1, math.ceil(fraction * n)))
 
 
-def messages(ops: ModuleType, indices: Any, values: Any) -> list[Message]:
+def messages(ops: Ops, indices: Any, values: Any) -> list[Message]:
     """The two allgather messages of a sparse payload."""
     return [Message(ops.cast(indices, "int64"), "allgather"), Message(values, "allgather")]
 

@@ -27,12 +27,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 if TYPE_CHECKING:
     from hvdsketch.compress.base import Compressor
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 Convert = Callable[[str, np.ndarray], Any]
 
 
-def require_eager(ops: ModuleType, tensor: Any, method: str) -> None:
+def require_eager(ops: Ops, tensor: Any, method: str) -> None:
     """Raise ``ValueError`` if ``tensor`` is being traced into a graph (``tf.function``): state kept
     in Python would be read once, at tracing, and never advance between steps."""
     if ops.is_symbolic(tensor):
@@ -60,7 +60,7 @@ def holds(values: Iterable[Any]) -> bool:
     return any(_is_array(v) and backend(v).is_held(v) for v in values)
 
 
-def holding(ops: ModuleType, values: Mapping[str, Any]) -> dict[str, Any]:
+def holding(ops: Ops, values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` (eager) with each array in memory a traced graph keeps (ints and ``None`` as they are)."""
     return {key: ops.hold(value) if _is_array(value) else value for key, value in values.items()}
 
@@ -151,7 +151,7 @@ class StateTable:
         kept, record = self._entries.get(name, (None, None))
         return record if kept == compressor and record is not None and holds(_fields(record).values()) else None
 
-    def hold(self, name: str, compressor: "Compressor", record: Any, ops: ModuleType) -> Any:
+    def hold(self, name: str, compressor: "Compressor", record: Any, ops: Ops) -> Any:
         """For a graph being traced: ``record`` (eager, tensor ``name``'s under ``compressor``) kept
         with its arrays :func:`holding`; the table's own where it holds them already."""
         held = self._held(name, compressor)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, Sequence
 
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 
 @dataclass(frozen=True)
@@ -65,20 +65,20 @@ class Layout:
         """True when the last unit is shorter than the others (a vector not a multiple of the block)."""
         return self.units * self.unit_len != self.numel
 
-    def coordinates(self, ops: ModuleType, units: Any) -> Any:
+    def coordinates(self, ops: Ops, units: Any) -> Any:
         """Flat indices of every element of the given int64 ``units``, on their device (a host sync
         only where the last unit is partial: how many of its coordinates exist depends on the units)."""
         coords = ops.outer_add(units * self.unit_len, ops.arange(self.unit_len, like=units))
         return ops.where_less(coords, self.numel) if self.ragged else coords
 
-    def matrix(self, ops: ModuleType, flat: Any) -> Any:
+    def matrix(self, ops: Ops, flat: Any) -> Any:
         """The flat tensor as ``units x unit_len``, zero-padded if ragged (a view when it is not)."""
         if self.ragged:
             flat = ops.pad(flat, self.units * self.unit_len - self.numel)
         return ops.reshape(flat, (self.units, self.unit_len))
 
 
-def units_of(tensor: Any, layout: Layout) -> tuple[ModuleType, Any, Any]:
+def units_of(tensor: Any, layout: Layout) -> tuple[Ops, Any, Any]:
     """``(ops, units, values)``: the sorted int64 indices of the units of ``tensor`` (dense, or
     :class:`RowSparse`, whose rows given twice are summed) that hold a non-zero, and their values
     as a ``len(units) x unit_len`` matrix (zero-padded past a ragged end)."""
@@ -98,7 +98,7 @@ def count_units(tensor: Any, layout: Layout) -> int:
     return ops.shape(ops.nonzero_rows(layout.matrix(ops, ops.flatten(tensor))))[0]
 
 
-def from_units(ops: ModuleType, layout: Layout, units: Any, values: Any, shape: Sequence[int],
+def from_units(ops: Ops, layout: Layout, units: Any, values: Any, shape: Sequence[int],
                row_sparse: bool, out: Any = None, source: Any = None) -> Any:
     """The tensor of ``shape`` holding ``values`` (``len(units) x unit_len``) at ``units``, zero
     elsewhere: a :class:`RowSparse` when ``row_sparse`` and the units are rows (a matrix's), else dense,
@@ -114,7 +114,7 @@ def from_units(ops: ModuleType, layout: Layout, units: Any, values: Any, shape: 
     return ops.reshape(flat[:layout.numel] if layout.ragged else flat, shape)
 
 
-def flat_out(ops: ModuleType, out: Any) -> Any:
+def flat_out(ops: Ops, out: Any) -> Any:
     """``out`` (a result's memory, :attr:`TensorContext.out`) as the vector a scatter writes into."""
     return None if out is None else ops.reshape(out, (-1,))
 

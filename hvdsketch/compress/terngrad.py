@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, ClassVar
 
 from hvdsketch.compress.quantize import StochasticQuantizer
+from hvdsketch.ops.contract import Ops
 
 
 @dataclass(frozen=True)
@@ -33,5 +33,5 @@ class TernGrad(StochasticQuantizer):
 
     seed: int = 0
 
-    def scales(self, ops: ModuleType, flat: Any, size: int) -> Any:
+    def scales(self, ops: Ops, flat: Any, size: int) -> Any:
         return ops.bucket_norms(flat, size, math.inf)

@@ -27,7 +27,6 @@ the mismatch in the reduced tag and raise (:func:`step_error`).
 from __future__ import annotations
 
 import pickle
-from types import ModuleType
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -35,6 +34,7 @@ import numpy as np
 from hvdsketch.collectives import Communicator, reduce, side_channel
 from hvdsketch.compress.base import Message
 from hvdsketch.digests import digest
+from hvdsketch.ops.contract import Ops
 
 
 class AgreementError(RuntimeError):
@@ -59,21 +59,21 @@ def tensors(described: Sequence[Tensor]) -> dict[str, str]:
             for t in described}
 
 
-def share(ops: ModuleType, blob: bytes) -> list[Message]:
+def share(ops: Ops, blob: bytes) -> list[Message]:
     """A rank's share of an allgather of bytes: its size, then the bytes (host tensors of ``ops``)."""
     data = np.frombuffer(blob, np.uint8)
     size = ops.host_constant([data.size], "int64")
     return [Message(size, "allgather"), Message(ops.from_numpy(data, size), "allgather")]
 
 
-def shares(ops: ModuleType, sizes: Any, data: Any) -> list[bytes]:
+def shares(ops: Ops, sizes: Any, data: Any) -> list[bytes]:
     """Every rank's bytes, in rank order, from the gathered sizes and bytes of :func:`share`."""
     sizes, data = ops.to_numpy(sizes), ops.to_numpy(data)
     ends = np.cumsum(sizes)
     return [data[end - size:end].tobytes() for end, size in zip(ends, sizes)]
 
 
-def allgather_objects(communicator: Communicator, obj: Any, name: str, ops: ModuleType) -> list[Any]:
+def allgather_objects(communicator: Communicator, obj: Any, name: str, ops: Ops) -> list[Any]:
     """Every rank's ``obj`` (picklable), in rank order: one round of two allgathers (sizes, bytes) of
     host tensors of the ``ops`` back-end, on a side channel of ``communicator`` (control, counted
     apart from gradient bytes)."""
@@ -105,7 +105,7 @@ def _shown(value: Any) -> str:
     return "absent" if value is _ABSENT else str(value)
 
 
-def verify(communicator: Communicator, description: Mapping[str, str], ops: ModuleType,
+def verify(communicator: Communicator, description: Mapping[str, str], ops: Ops,
            advice: str = "start every rank with the same compression (--compression / HVDSKETCH_COMPRESSION / "
                          "config), memory and model (parameters, their dtypes and requires_grad)") -> int:
     """Fail alike on every rank unless all ranks pass the same ``description`` (its entries in order);
@@ -139,13 +139,13 @@ SAVE = ("optimizer.state_dict() gathers every rank's state (residuals, compresso
         "(state = optimizer.state_dict(); if hvd.rank() == 0: torch.save(state, path))")
 
 
-def step_message(ops: ModuleType, step: int, setup: int, activity: int = TRAIN) -> Message:
+def step_message(ops: Ops, step: int, setup: int, activity: int = TRAIN) -> Message:
     """This step's tag: ``max`` over ranks of ``(step, -step, setup, -setup, activity, -activity)``, in
     host memory (control, not gradient data: checking it must not wait for an accelerator)."""
     return Message(ops.host_constant([step, -step, setup, -setup, activity, -activity], "int64"), "max")
 
 
-def step_agrees(ops: ModuleType, reduced: Any) -> Any:
+def step_agrees(ops: Ops, reduced: Any) -> Any:
     """A 0-d truth (a tensor of the back-end) that every rank sent the same step, setup and activity."""
     return ops.reduce_min(ops.cast(reduced[0::2] == -reduced[1::2], "int64")) > 0
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.exchanger import Exchanger
+from hvdsketch.ops.contract import Ops
 
 #: The version of the checkpoint layout above (2: with a checksum).
 FORMAT = 3
@@ -43,7 +44,7 @@ class StateReset(UserWarning):
     """hvdsketch's per-rank state (residuals, compressors' state) was started afresh on every rank."""
 
 
-def _allgather(exchanger: Exchanger, obj: Any, name: str, ops: Any) -> list[Any]:
+def _allgather(exchanger: Exchanger, obj: Any, name: str, ops: Ops) -> list[Any]:
     return agreement.allgather_objects(exchanger.communicator, obj, f"{exchanger.prefix}.{name}", ops)
 
 
@@ -59,12 +60,12 @@ def _sealed(exchanger: Exchanger, ranks: list[Any] | None, **extra: Any) -> dict
     return {**entry, "checksum": checksum(entry)}
 
 
-def gather(exchanger: Exchanger, ops: Any) -> dict[str, Any]:
+def gather(exchanger: Exchanger, ops: Ops) -> dict[str, Any]:
     """The checkpoint of every rank's state, where every rank calls it between steps: sent with the
     step tag in one round (:meth:`Exchanger.check_in <hvdsketch.exchange.Exchanger.check_in>`). Where
     only this rank does (Horovod's habit: ``state_dict()`` inside ``if hvd.rank() == 0:``), it waits
     for no one: the others' next step answers it at once, and whatever else they do (a barrier, an
-    allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS`` (10 s), warns and gives :func:`alone`'s."""
+    allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS`` seconds (default 10), warns and gives :func:`alone`'s."""
     mine = pickle.dumps(exchanger.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
     try:
         shares = exchanger.check_in(agreement.CHECKPOINT, mine, ops)
@@ -181,7 +182,7 @@ def resolve(checkpoint: Mapping[str, Any], exchanger: Exchanger, reset_on_change
 
 
 def broadcast(exchanger: Exchanger, states: Sequence[Mapping[str, Any]] | None, root: int,
-              ops: Any) -> Mapping[str, Any] | None:
+              ops: Ops) -> Mapping[str, Any] | None:
     """This rank's entry of the root's ``states`` (what :func:`resolve` gave the root; other ranks'
     ``states`` are ignored), or ``None`` where the root has none: collective."""
     rank = exchanger.communicator.rank
@@ -194,7 +195,7 @@ def in_elastic_job() -> bool:
     return bool(int(os.environ.get("HOROVOD_ELASTIC", 0)))
 
 
-def begin(exchanger: Exchanger, tensors: Callable[[], Sequence[agreement.Tensor]], ops: Any,
+def begin(exchanger: Exchanger, tensors: Callable[[], Sequence[agreement.Tensor]], ops: Ops,
           rejoin: bool = False, scope: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
     """:func:`join` where a world begins: the exchanger's first step, its first in a world of
     another size, or where the adapter says so (``rejoin``: Horovod elastic's sync). ``tensors()``
@@ -206,7 +207,7 @@ def begin(exchanger: Exchanger, tensors: Callable[[], Sequence[agreement.Tensor]
             join(exchanger, tensors(), ops, elastic=rejoin or exchanger.verified or in_elastic_job())
 
 
-def join(exchanger: Exchanger, tensors: Sequence[agreement.Tensor], ops: Any,
+def join(exchanger: Exchanger, tensors: Sequence[agreement.Tensor], ops: Ops,
          elastic: bool = False) -> None:
     """Begin a world (collective): every rank runs the same setup (:meth:`Exchanger.verify
     <hvdsketch.exchange.Exchanger.verify>`) and is at the same step with state made in a world of

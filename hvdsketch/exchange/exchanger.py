@@ -81,6 +81,8 @@ from hvdsketch.exchange.scheduler import Scheduler
 from hvdsketch.exchange.watchdog import Watchdog, report_seconds, shutdown_seconds
 from hvdsketch.memory import Fp32, Memory
 from hvdsketch.ops import backend
+from hvdsketch.policy.base import Policy
+from hvdsketch.ops.contract import Ops
 
 Reduction = Literal["average", "sum"]
 
@@ -104,7 +106,7 @@ class Exchanger:
             on every rank instead.
     """
 
-    def __init__(self, policy: Any, communicator: Communicator, memory: Memory | None = None,
+    def __init__(self, policy: Policy, communicator: Communicator, memory: Memory | None = None,
                  op: Reduction = "average", sparse_as_dense: bool = False, prefix: str = "hvdsketch",
                  placement: Callable[[str], ContextManager] | None = None, error_if_nonfinite: bool = False) -> None:
         if op not in ("average", "sum"):
@@ -158,7 +160,7 @@ class Exchanger:
 
     # -- setup ------------------------------------------------------------------------------------
 
-    def verify(self, tensors: Sequence[agreement.Tensor], ops: Any) -> None:
+    def verify(self, tensors: Sequence[agreement.Tensor], ops: Ops) -> None:
         """Check once that every rank runs the same policy, memory and ``tensors`` (names, shapes,
         dtypes, which take part, in the order the adapter knows them, which orders the policy's view
         of a step); the digest is part of every step's check from here on."""
@@ -311,7 +313,7 @@ class Exchanger:
                 f"{self.flights.waiting_for} (in flight: {', '.join(self.flights.names) or '-'}); another rank may not "
                 f"have started the same exchanges (it stopped early, waits elsewhere, or runs another model)")
 
-    def check_in(self, activity: int, share: bytes, ops: Any) -> list[bytes] | None:
+    def check_in(self, activity: int, share: bytes, ops: Ops) -> list[bytes] | None:
         """Between steps, every rank's ``share`` (:data:`~hvdsketch.exchange.agreement.CHECKPOINT`:
         its pickled state), or ``None``: never a wait on ranks that do not ask for it.
 
@@ -370,7 +372,7 @@ class Exchanger:
             return True
         return self._without_trace(results, _failing(floating, flags, ops), _failing(floating, given, ops), ops)
 
-    def _without_trace(self, results: dict[str, Any], averaged: list[str], inputs: list[str], ops: Any) -> bool:
+    def _without_trace(self, results: dict[str, Any], averaged: list[str], inputs: list[str], ops: Ops) -> bool:
         """Where the averages of ``averaged`` (alike on every rank) or this rank's ``inputs`` are not
         finite: whether the step stands. A method's own overflow on gradients finite on every rank is
         exchanged again exactly (``results`` updated) and the step stands, those tensors' state as
@@ -473,11 +475,11 @@ def _listed(names: Sequence[str], shown: int = 3) -> str:
     return ", ".join(map(repr, names[:shown])) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
-def _dense_shape(result: Any, ops: Any) -> tuple[int, ...]:
+def _dense_shape(result: Any, ops: Ops) -> tuple[int, ...]:
     return tuple(result.dense_shape) if isinstance(result, RowSparse) else ops.shape(result)
 
 
-def _failing(named: Mapping[str, Any], flags: Sequence[Any], ops: Any) -> list[str]:
+def _failing(named: Mapping[str, Any], flags: Sequence[Any], ops: Ops) -> list[str]:
     """The names of ``named`` whose finite flag is false."""
     return [name for name, flag in zip(named, flags) if not ops.all_true([flag])]
 

@@ -23,6 +23,7 @@ from hvdsketch.collectives import Communicator, Handle
 from hvdsketch.compress import Message
 from hvdsketch.exchange import agreement
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 #: ``wait(handle, what)``: block on ``handle``, saying what for (the watchdog's report).
 Wait = Callable[[Handle, str], list]
@@ -47,7 +48,7 @@ class StepProtocol:
         """Whether this step's tag is out and not yet checked."""
         return self._tag is not None
 
-    def begin(self, ops: Any, step: int) -> None:
+    def begin(self, ops: Ops, step: int) -> None:
         """A step's first gradient: answer this rank's pending check-in first, send the tag, and check
         it now if it has landed already."""
         if self._checkin is not None:  # answered by the others' tags of this step (or their check-ins)
@@ -83,7 +84,7 @@ class StepProtocol:
         self._wait(self._send(agreement.share(ops, b"")), "the answer to a rank's check-in")
         return False
 
-    def check_in(self, activity: int, share: bytes, ops: Any, step: int) -> list[bytes] | None:
+    def check_in(self, activity: int, share: bytes, ops: Ops, step: int) -> list[bytes] | None:
         """Every rank's ``share`` between steps, or ``None``: never a wait on ranks that do not ask
         for it (see :meth:`hvdsketch.exchange.Exchanger.check_in`)."""
         handle = self._checkin or self._send_tag(ops, step, activity, agreement.share(ops, share))
@@ -109,7 +110,7 @@ class StepProtocol:
         """Forget the tag and check-in of a step broken off: they never finish."""
         self._tag = self._checkin = None
 
-    def _send_tag(self, ops: Any, step: int, activity: int = agreement.TRAIN,
+    def _send_tag(self, ops: Ops, step: int, activity: int = agreement.TRAIN,
                   payload: Sequence[Message] = ()) -> Handle:
         return self._send([agreement.step_message(ops, step, self.setup, activity), *payload])
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
-from types import ModuleType
 from typing import Any, Mapping
 
 import numpy as np
@@ -33,6 +32,7 @@ from hvdsketch.compress.support import RowSparse, values_of
 from hvdsketch.memory.registry import create_store
 from hvdsketch.memory.stores import Fp32, State, Store
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +107,7 @@ class Memory:
                 residual = residual.to_dense()  # (a traced graph holds a residual of one shape: dense)
             self.put(backend(values_of(residual)), name, store, residual)
 
-    def put(self, ops: ModuleType, name: str, store: Store, residual: Any) -> None:
+    def put(self, ops: Ops, name: str, store: Store, residual: Any) -> None:
         """Fold ``residual`` into ``name``'s state as ``store`` keeps it."""
         slot = store.slot(name, _shape(ops, residual))
         held = self._get(ops, name, slot, store, values_of(residual))
@@ -142,7 +142,7 @@ class Memory:
 
     # -- state --------------------------------------------------------------
 
-    def _get(self, ops: ModuleType, name: str, slot: str, store: Store, like: Any) -> State | None:
+    def _get(self, ops: Ops, name: str, slot: str, store: Store, like: Any) -> State | None:
         traced = ops.is_symbolic(like)
         if slot in self._loaded:
             with ops.outside_trace():  # (a graph being traced holds it: made eagerly)
@@ -153,11 +153,11 @@ class Memory:
             state = self._held(ops, name, slot, store, like, state)
         return state
 
-    def _restored(self, ops: ModuleType, slot: str, store: Store, arrays: Mapping[str, Any], like: Any) -> State:
+    def _restored(self, ops: Ops, slot: str, store: Store, arrays: Mapping[str, Any], like: Any) -> State:
         _check_store(slot, arrays, store)
         return {key: store.restore(ops, key, value, like) for key, value in arrays.items() if key != "store"}
 
-    def _held(self, ops: ModuleType, name: str, slot: str, store: Store, like: Any, state: State | None) -> State:
+    def _held(self, ops: Ops, name: str, slot: str, store: Store, like: Any, state: State | None) -> State:
         """For a graph being traced: ``slot``'s state held, a zero residual's where it has none yet."""
         if not store.traceable:
             raise ValueError(f"hvdsketch: residual store {str(store)!r} keeps residuals a traced graph cannot "
@@ -170,7 +170,7 @@ class Memory:
         self._state[slot], self._slot_store[slot] = state, store
         return state
 
-    def _set(self, ops: ModuleType, slot: str, store: Store, state: State | None) -> None:
+    def _set(self, ops: Ops, slot: str, store: Store, state: State | None) -> None:
         current = self._state.get(slot)
         if current is not None and holds(current.values()):  # a traced graph's: written into, never dropped
             if state is not None:
@@ -252,7 +252,7 @@ def _check_store(slot: str, arrays: Mapping[str, Any], store: Store) -> None:
                          f"but this memory keeps it with {str(store)!r}")
 
 
-def _shape(ops: ModuleType, tensor: Any) -> tuple[int, ...]:
+def _shape(ops: Ops, tensor: Any) -> tuple[int, ...]:
     return tuple(tensor.dense_shape) if isinstance(tensor, RowSparse) else ops.shape(tensor)
 
 

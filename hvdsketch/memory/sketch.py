@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, ClassVar, Iterator, Sequence
 
 from hvdsketch.compress.hashing import HashFamily
 from hvdsketch.compress.sketch import hash_units, median, sketch_cells
 from hvdsketch.compress.support import Layout, RowSparse, units_of, values_of
 from hvdsketch.memory.stores import ITEMSIZE, Fp32, State, Store, numel
+from hvdsketch.ops.contract import Ops
 
 
 @dataclass(frozen=True)
@@ -80,13 +80,13 @@ class SketchStore(Store):
     def _hashes(self, name: str, cols: int) -> HashFamily:
         return HashFamily.draw(self.rows, cols, self.seed, name)
 
-    def _batches(self, ops: ModuleType, layout: Layout, units: Any) -> Iterator[slice]:
+    def _batches(self, ops: Ops, layout: Layout, units: Any) -> Iterator[slice]:
         """Consecutive slices of ``units`` of at most :attr:`batch` elements."""
         per = max(1, self.batch // max(layout.unit_len, 1))
         for start in range(0, ops.shape(units)[0], per):
             yield slice(start, start + per)
 
-    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, State | None]:
+    def take(self, ops: Ops, state: State, name: str, like: Any) -> tuple[Any, State | None]:
         if "S" not in state:
             return Fp32().take(ops, state, name, like)
         shape = tuple(like.dense_shape) if isinstance(like, RowSparse) else ops.shape(like)
@@ -131,7 +131,7 @@ class SketchStore(Store):
             residual = ops.reshape(ops.cast(ops.scatter_add(layout.numel, found, values), dtype), shape)
         return residual, {"S": cells - given, "held": state["held"]}
 
-    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+    def put(self, ops: Ops, held: State | None, residual: Any, name: str) -> State:
         shape = tuple(residual.dense_shape) if isinstance(residual, RowSparse) else ops.shape(residual)
         cols = self.cols(numel(shape))
         if cols is None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -48,6 +47,7 @@ from hvdsketch.compress.support import RowSparse, values_of
 from hvdsketch.digests import digest
 from hvdsketch.spec import render
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 State = dict[str, Any]
 
@@ -82,11 +82,11 @@ class Store(ABC):
         return name
 
     @abstractmethod
-    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any | None, State | None]:
+    def take(self, ops: Ops, state: State, name: str, like: Any) -> tuple[Any | None, State | None]:
         """The residual to add to ``like`` (same shape and dtype, or ``None``) and the state left behind."""
 
     @abstractmethod
-    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+    def put(self, ops: Ops, held: State | None, residual: Any, name: str) -> State:
         """The state after folding this step's ``residual`` into what :meth:`take` left behind."""
 
     @abstractmethod
@@ -100,7 +100,7 @@ class Store(ABC):
             value = ops.cast(value, "float32")
         return ops.to_numpy(value)
 
-    def restore(self, ops: ModuleType, key: str, array: np.ndarray, like: Any) -> Any:
+    def restore(self, ops: Ops, key: str, array: np.ndarray, like: Any) -> Any:
         """Inverse of :meth:`export`, on ``like``'s back-end and device."""
         return ops.from_numpy(array, like)
 
@@ -115,10 +115,10 @@ class Nothing(Store):
     name: ClassVar[str] = "none"
     keeps: ClassVar[bool] = False
 
-    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[None, None]:
+    def take(self, ops: Ops, state: State, name: str, like: Any) -> tuple[None, None]:
         return None, None
 
-    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+    def put(self, ops: Ops, held: State | None, residual: Any, name: str) -> State:
         return {}
 
     def nbytes(self, shape: Sequence[int]) -> int:
@@ -136,14 +136,14 @@ class Fp32(Store):
     row_sparse: ClassVar[bool] = True
     traceable: ClassVar[bool] = True
 
-    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
+    def take(self, ops: Ops, state: State, name: str, like: Any) -> tuple[Any, None]:
         dtype = ops.dtype_name(values_of(like))
         if "i" in state:
             shape = like.dense_shape if isinstance(like, RowSparse) else ops.shape(like)
             return RowSparse(state["i"], ops.cast(state["v"], dtype), tuple(shape)), None
         return ops.cast(state["e"], dtype), None
 
-    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+    def put(self, ops: Ops, held: State | None, residual: Any, name: str) -> State:
         if isinstance(residual, RowSparse):  # its rows, but those left exactly zero
             indices, values = ops.cast(residual.indices, "int64"), residual.values
             rows = ops.reshape(values, (-1, numel(residual.dense_shape[1:])))
@@ -177,10 +177,10 @@ class Fp16(Store):
     dtype: ClassVar[str] = "float16"
     scalars: ClassVar[tuple[str, ...]] = ("scale",)
 
-    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
+    def take(self, ops: Ops, state: State, name: str, like: Any) -> tuple[Any, None]:
         return ops.cast(ops.cast(state["e"], "float32") * state["scale"], ops.dtype_name(like)), None
 
-    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+    def put(self, ops: Ops, held: State | None, residual: Any, name: str) -> State:
         log_norm = ops.log2(ops.sqnorm(residual) ** 0.5)
         exponent = ops.clip(-ops.floor(-log_norm) - 15, -100, 100)  # 1/scale stays a finite float32
         scale = ops.cast(2.0 ** ops.where(ops.all_finite_flag(log_norm), exponent, 0.0), "float32")
@@ -189,7 +189,7 @@ class Fp16(Store):
     def nbytes(self, shape: Sequence[int]) -> int:
         return ITEMSIZE[self.dtype] * numel(shape)
 
-    def restore(self, ops: ModuleType, key: str, array: np.ndarray, like: Any) -> Any:
+    def restore(self, ops: Ops, key: str, array: np.ndarray, like: Any) -> Any:
         return ops.cast(super().restore(ops, key, array, like), "float32" if key in self.scalars else self.dtype)
 
 
@@ -223,7 +223,7 @@ class TopK(Store):
     def k(self, n: int) -> int:
         return min(n, max(1, math.ceil(self.ratio * n)))
 
-    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
+    def take(self, ops: Ops, state: State, name: str, like: Any) -> tuple[Any, None]:
         dtype = ops.dtype_name(values_of(like))
         shape = tuple(like.dense_shape) if isinstance(like, RowSparse) else ops.shape(like)
         if "ri" in state:
@@ -231,7 +231,7 @@ class TopK(Store):
         dense = ops.scatter(numel(shape), state["i"], state["v"])
         return ops.reshape(ops.cast(dense, dtype), shape), None
 
-    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+    def put(self, ops: Ops, held: State | None, residual: Any, name: str) -> State:
         if isinstance(residual, RowSparse):
             row_len = numel(residual.dense_shape[1:])
             rows = ops.reshape(residual.values, (-1, row_len))
@@ -273,12 +273,12 @@ class Shared(Fp32):
         """The id the buffer holds for tensor ``name`` (equal on every rank and across runs)."""
         return digest(name, bits=62)
 
-    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, State]:
+    def take(self, ops: Ops, state: State, name: str, like: Any) -> tuple[Any, State]:
         mine = state["owner"] == self.owner(name)
         residual = ops.cast(ops.where(mine, state["e"], 0.0), ops.dtype_name(like))
         return residual, {**state, "energy": ops.where(mine, -1.0, state["energy"])}
 
-    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+    def put(self, ops: Ops, held: State | None, residual: Any, name: str) -> State:
         energy, e = ops.sqnorm(residual), ops.cast(residual, "float32")
         if held is None:
             return {"e": e, "owner": ops.zeros((), "int64", residual) + self.owner(name), "energy": energy}
@@ -304,11 +304,11 @@ class Offload(Fp32):
     row_sparse: ClassVar[bool] = False
     traceable: ClassVar[bool] = False
 
-    def take(self, ops: ModuleType, state: State, name: str, like: Any) -> tuple[Any, None]:
+    def take(self, ops: Ops, state: State, name: str, like: Any) -> tuple[Any, None]:
         return ops.cast(ops.to_device(state["e"], like), ops.dtype_name(like)), None
 
-    def put(self, ops: ModuleType, held: State | None, residual: Any, name: str) -> State:
+    def put(self, ops: Ops, held: State | None, residual: Any, name: str) -> State:
         return {"e": ops.to_host(ops.cast(residual, "float32"))}
 
-    def restore(self, ops: ModuleType, key: str, array: np.ndarray, like: Any) -> Any:
+    def restore(self, ops: Ops, key: str, array: np.ndarray, like: Any) -> Any:
         return ops.to_host(ops.from_numpy(array, like))

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import importlib
 import sys
-from types import ModuleType
-from typing import Any
+from typing import Any, cast
+
+from hvdsketch.ops.contract import Ops
 
 _MODULES = {"numpy": "numpy", "torch": "torch", "tensorflow": "tensorflow"}
 
 
-def backend(tensor: Any) -> ModuleType:
-    """The ops module for ``tensor``'s framework (numpy, torch or tensorflow)."""
+def backend(tensor: Any) -> Ops:
+    """The ops module for ``tensor``'s framework (numpy, torch or tensorflow).
+
+    Raises ``TypeError`` for a tensor of no other framework."""
     root = type(tensor).__module__.split(".")[0]
     if root not in _MODULES:
         raise TypeError(f"hvdsketch: no array back-end for {type(tensor).__name__} "
                         f"(module {type(tensor).__module__}); expected one of {sorted(_MODULES)}")
     name = f"{__name__}.{_MODULES[root]}"
-    return sys.modules.get(name) or importlib.import_module(name)
+    return cast(Ops, sys.modules.get(name) or importlib.import_module(name))

@@ -2,10 +2,8 @@
 
 On the host, a fresh tensor the size of a gradient costs more than the pass
 that fills it: memory above glibc's mmap threshold (32 MiB at most) comes
-from the kernel on every allocation and is faulted in page by page, which
-for 10^7 float32 takes about six times as long as copying them into memory
-that exists. A chain of element-wise torch calls makes one such temporary per
-call. The kernels here walk the gradient in blocks of :data:`BLOCK` elements
+from the kernel on every allocation and is faulted in page by page. A chain
+of element-wise torch calls makes one such temporary per call. The kernels here walk the gradient in blocks of :data:`BLOCK` elements
 (one MiB of float32, resident in cache) through one small buffer, so the data
 is read from memory once and nothing of its size is made but the result.
 
@@ -37,9 +35,8 @@ def _numpy(block: torch.Tensor) -> np.ndarray:
 
 def _indices(x: torch.Tensor, mark: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> torch.Tensor:
     """int64 indices of the entries of the host vector ``x`` that ``mark(block, into)`` marks true, block
-    by block (``mark`` writes a block's truths into the bool buffer ``into`` and returns it). NumPy
-    compares and finds: for 2^18 float32 here its comparison takes 16 us where torch's takes 115, and
-    its ``flatnonzero`` 40 us where ``torch.nonzero`` takes 240."""
+    by block (``mark`` writes a block's truths into the bool buffer ``into`` and returns it), NumPy
+    comparing (``flatnonzero``), the cheaper on the host than ``torch.nonzero``."""
     n = x.shape[0]
     into = np.empty(min(BLOCK, n), dtype=bool)
     return torch.from_numpy(np.concatenate([
@@ -109,10 +106,7 @@ def product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None,
             minuend: torch.Tensor | None = None) -> torch.Tensor:
     """The matrix product ``a b`` (``minuend - a b`` where given) into ``out`` (or new), a block of
     rows of ``a`` at a time, each block of the result (:data:`BLOCK` / 4 entries) written while it
-    is in cache. PowerSGD's ``P Q^T`` (``a`` tall, of few columns) is where this counts: one MKL
-    ``torch.mm`` of ``10000 x r`` by ``r x 256`` took 2.5 to 3.9 ms here for r from 2 to 32, in blocks
-    1.6 to 3.2; of ``40000 x r`` by ``r x 250``, 11 to 30 ms against 5.7 to 12.6 (for ``r = 1`` MKL's
-    own is faster: 2.2 against 2.8 ms)."""
+    is in cache. PowerSGD's ``P Q^T`` (``a`` tall, of few columns) is where this counts."""
     n, m = a.shape[0], b.shape[1]
     if out is None:
         out = torch.empty((n, m), dtype=a.dtype, device=a.device)
@@ -179,8 +173,8 @@ def stochastic_round(x: torch.Tensor, scales: torch.Tensor, size: int, limit: in
 
 def _words(seed: int, most: int, device: torch.device) -> Callable[[int], torch.Tensor]:
     """``words(m)``: the next ``m <= most`` random int64 words of a stream seeded by ``seed``. On the
-    host NumPy's SFC64 (its raw output: 4.4 ms for 2.5 million words here, against 9.6 ms for
-    ``Tensor.random_`` over the int64 range); on a device torch's generator there, into one buffer."""
+    host NumPy's SFC64 (its raw output, cheaper than ``Tensor.random_`` over the int64 range); on a
+    device torch's generator there, into one buffer."""
     if device.type == "cpu":
         source = np.random.SFC64(seed)
         return lambda m: torch.from_numpy(source.random_raw(m).view(np.int64))
@@ -192,7 +186,7 @@ def _words(seed: int, most: int, device: torch.device) -> Callable[[int], torch.
 def l1_norms(x: torch.Tensor, size: int) -> torch.Tensor:
     """The L1 norm of each bucket of ``size`` entries of the float32 or float64 vector ``x`` (the last
     one shorter where ``size`` does not divide it): per block, ``|x|`` into one buffer and its sums
-    (``torch.linalg.vector_norm``'s L1 took 8.4 ms for 10^7 entries here, this 2.9 ms)."""
+    (no temporary of ``x``'s size, as ``torch.linalg.vector_norm`` makes)."""
     n = x.shape[0]
     block = _block(x)
     norms = torch.zeros(-(-n // size), dtype=x.dtype, device=x.device)
@@ -204,8 +198,7 @@ def l1_norms(x: torch.Tensor, size: int) -> torch.Tensor:
 
 def sign_bits(x: torch.Tensor) -> torch.Tensor:
     """``x >= 0`` of the host vector ``x``, packed 8 to a byte, highest bit first: per block, NumPy's
-    comparison into one bool buffer and its ``packbits`` (10^7 float32 in 1.2 ms here, where torch's
-    whole comparison took 4.5)."""
+    comparison into one bool buffer and its ``packbits``."""
     n = x.shape[0]
     packed = np.empty(-(-n // 8), dtype=np.uint8)
     into = np.empty(min(BLOCK, n), dtype=bool)
@@ -223,7 +216,7 @@ def sign_sum(bits: torch.Tensor, scales: torch.Tensor, n: int, out: torch.Tensor
     """``sum_r scales[r] * (2 b_ri - 1)`` for the first ``n`` bits of each row of the packed ``bits``
     (uint8, one row per rank, highest bit first): per block of bytes, each byte's eight signed scales
     looked up in a 256-row table by ``index_select`` (into the result for the first rank, added for
-    the others). 4.5 ms for 10^7 signs here, where unpacking them to integers and scaling took 17.6."""
+    the others), not unpacked to integers and scaled."""
     world = bits.shape[0]
     if out is None:
         out = torch.empty(n, dtype=scales.dtype, device=bits.device)

@@ -1,64 +1,37 @@
 """``auto``: pick each tensor's compressor from a cost model, measured on the run itself.
 
-No single compressor wins on a real model: an LSTM language model has a
-row-sparse input-embedding gradient (a sparse method's case), a dense output
-layer (a low-rank method's case) and small tensors (not worth compressing),
-and on a fast link compressing may cost more time than it saves. So:
+No single compressor wins on a real model (a row-sparse embedding gradient, dense
+matrices, small tensors; a link that may be faster than compressing), so:
 
-1. **Probe** (first step): the link's latency and bandwidth, by timed
-   allreduces (:mod:`hvdsketch.policy.probe`), unless ``bandwidth=`` and
-   ``latency=`` are given.
-2. **Warm up** (``warmup`` steps, exchanged dense; a row-sparse gradient by
-   ``allgather``, exact without densifying it: fastText's 41 MB embedding
-   took 0.4 s a step dense at 1 Gbit/s): each rank measures each
-   gradient's element density (non-zero coordinates) and unit density
-   (non-zero rows or blocks, :func:`~hvdsketch.policy.cost.densities`), the
-   maximum over the steps.
-3. **Agree on the statistics**: one allgather gives every rank every rank's
-   densities; each takes the maximum element density (what top-k must keep)
-   and the sum of unit densities (a bound on the union support a sketch must
-   hold), in the same order, so all ranks size the same candidates.
-4. **Candidates** per tensor, sized from those numbers with ``headroom``:
-   ``none``; ``fp16``; the exact sparse methods: ``allgather`` (each rank's
-   units, bytes growing with N; on a dense tensor it can pay only by riding
-   in a collective the step launches anyway, step 6) and, where some units
-   are empty, ``union`` (the union's units once, after a bitmap round) and
-   ``balanced``; ``topk`` keeping the measured
-   density (exact while the gradient stays that sparse; not for a row-sparse
-   gradient, whose exact allgather never builds the dense tensor top-k's
-   average does); ``sketch`` sized for the union bound at the
-   ``error`` target (when smaller than dense); ``powersgd`` at
-   ``powersgd_rank`` (matrices where it saves). A low-rank approximation of a
-   gradient with a few non-zero rows spreads its error over every row, but
-   PowerSGD's error feedback returns it in later steps: on the LSTM's
-   embedding the whole-model PowerSGD run of the benchmark matched dense
-   perplexity, so the measured cost decides (densifying a large row-sparse
-   gradient is part of what it measures). Random-k is left out: at the
-   density of a sparse gradient it drops most non-zeros (it does not know
-   where they are), and on dense ones it is top-k's worse sibling.
-5. **Measure** each candidate on the real tensor of the deciding step
-   (:func:`~hvdsketch.policy.cost.measure`: compress and decompress, the
-   median of 5 timings, all ranks at once as in a step; bytes on
-   the wire for this rank count and communicator, extra collectives; the
-   ``union`` and ``balanced`` methods' bytes priced from the union itself, the
-   ranks' bitmaps OR-ed once in the deciding step), take the maximum over
-   ranks (the slowest rank sets the pace), and price it with the link
+1. **Probe** (first step): the link's latency and bandwidth by timed allreduces
+   (:mod:`hvdsketch.policy.probe`), unless ``bandwidth=`` and ``latency=`` are given.
+2. **Warm up** (``warmup`` steps, dense; a row-sparse gradient by ``allgather``):
+   each rank records each gradient's element and unit densities
+   (:func:`~hvdsketch.policy.cost.densities`), the maximum over the steps.
+3. **Agree on the statistics**: one allgather; every rank takes the maximum element
+   density (what top-k keeps) and the sum of unit densities (a bound on the union
+   a sketch holds), in one order, so all ranks size the same candidates.
+4. **Candidates** per tensor, sized with ``headroom``: ``none``, ``fp16``,
+   ``allgather``, ``union`` and ``balanced`` (where some units are empty), ``topk``
+   at the measured density (not for a row-sparse gradient), ``sketch`` at the
+   ``error`` target (where smaller than dense), ``powersgd`` at ``powersgd_rank``
+   (matrices where it saves). Random-k is left out: it does not know where a
+   sparse gradient's non-zeros are.
+5. **Measure** each candidate on the deciding step's real tensor
+   (:func:`~hvdsketch.policy.cost.measure`: codec time, bytes on the wire,
+   extra collectives), the maximum over ranks, priced with the link
    (:mod:`hvdsketch.policy.cost`).
-6. **Decide on rank 0 and broadcast**: the cheapest candidate wins, but a
-   compressor must beat the dense allreduce by ``margin`` (a fraction of its
-   time), so on a fast link, where the model's terms are all small and noisy,
-   the dense path stays. Then the step is priced whole (:meth:`AutoPolicy.share`):
-   a collective that only a few tensors launch goes where moving them costs
-   the step less than its latency. Every rank then uses rank 0's choice.
-7. Rank 0 prints the assignment table; with ``replan=K`` the steps are
-   observed again and the decision remade every ``K`` steps.
+6. **Decide on rank 0 and broadcast**: the cheapest candidate, if it beats the
+   dense allreduce by ``margin``; then the step is priced whole
+   (:meth:`AutoPolicy.share`): a collective only a few tensors launch goes where
+   moving them costs the step less than its latency.
+7. Rank 0 prints the assignment table; ``replan=K`` observes and decides again
+   every ``K`` steps.
 
-The statistics and decisions travel on a side channel of the communicator
-(their bytes are not counted as gradient bytes), and the decision is part
-of :meth:`AutoPolicy.state_dict`. Every tensor the policy makes (probe, statistics,
-costs) is made on the gradients' device; the host syncs it needs (densities,
-timings, gathered numbers) happen in the observed steps only, never once it has
-decided, unless ``replan`` observes again.
+Statistics and decisions travel on a side channel of the communicator (not
+counted as gradient bytes); the decision is part of :meth:`AutoPolicy.state_dict`.
+Every tensor the policy makes is made on the gradients' device, and its host
+syncs happen in observed steps only.
 """
 from __future__ import annotations
 

@@ -106,9 +106,25 @@ def _counters() -> tuple[tf.Variable, tf.Variable]:
 class Compression(CompressionNamespace):
     """Like ``horovod.tensorflow.Compression``: ``Compression.none``, ``Compression.fp16``,
     ``Compression.sketch`` or ``Compression.sketch(**options)``, every other drop-in compressor by
-    its name, ``Compression.from_spec("sketch:error=0.5,density=0.05")``; one object per flag, made
-    anywhere, inside ``tf.function`` too."""
+    its name, ``Compression.from_spec("sketch:error=0.5,density=0.05")``, made anywhere, inside
+    ``tf.function`` too.
+
+    One object per flag (``Compression.fp16 is Compression.fp16``), as Horovod's: Horovod's tape is
+    made in the training step, and Horovod caches the function it traces its allreduce in by the
+    compression object, which a new object at each step would trace anew. Horovod's tape and
+    optimizer run the compression traced, where it keeps nothing between steps in Python (a trace
+    is no step), so tapes given one object (a GAN's) train as each would alone; its
+    :meth:`~hvdsketch.dropin.DropInCompression.report` adds up every use.
+
+    Example::
+
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        tape = hvd.DistributedGradientTape(tape, compression=hvdsketch.tensorflow.Compression.sketch)
+        grads = tape.gradient(loss, model.trainable_variables)
+    """
 
     drop_in = TFDropInCompression
+    one_per_flag = True
     own = ("hvdsketch.tensorflow.DistributedGradientTape(tape, compression=...) or "
            "hvdsketch.tensorflow.keras.DistributedOptimizer(optimizer, compression=...)")

@@ -188,6 +188,24 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
             compressors' state, decisions, step) stays as it was before that step (inside
             ``tf.function`` too); ``True``: raise on every rank instead (``FloatingPointError``
             eagerly, a failed assertion inside ``tf.function``).
+
+    Returns:
+        A new optimizer of ``optimizer``'s own class, made from its config (Keras saves it as that
+        class), whose gradients are reduced before they are applied, with hvdsketch's ``report()``
+        and its state as the trackable ``hvdsketch_state``.
+
+    Raises:
+        ValueError: an ``op`` other than ``hvd.Average`` or ``hvd.Sum``, ``backward_passes_per_step``
+            below 1, or a flag or option that is not valid.
+
+    Example::
+
+        optimizer = hvdsketch.tensorflow.keras.DistributedOptimizer(
+            tf.keras.optimizers.Adam(0.001 * hvd.size()), compression="auto")
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+        model.fit(dataset, epochs=5, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
+                  verbose=1 if hvd.rank() == 0 else 0)
+        print(optimizer.report())
     """
     import horovod.tensorflow as hvd
 

@@ -111,8 +111,27 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
             ``tf.function`` too); ``True``: raise on every rank instead (``FloatingPointError``
             eagerly, a failed assertion inside ``tf.function``).
 
+    Returns:
+        An instance of ``gradtape``'s own class over the same recording, whose ``gradient()``
+        returns the reduced gradients, with Horovod's ``register_local_source`` and
+        ``get_local_and_global_gradients`` and hvdsketch's ``report()``; with ``op=hvd.Adasum``,
+        Horovod's own tape.
+
     Raises:
+        ValueError: a flag or option that is not valid, or an ``op`` the compression cannot
+            combine (Adasum).
         TypeError: ``gradtape`` is one that Horovod's or hvdsketch's ``DistributedGradientTape`` already wrapped.
+
+    Example::
+
+        @tf.function
+        def training_step(images, labels):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(labels, model(images, training=True))
+            tape = hvdsketch.tensorflow.DistributedGradientTape(tape, compression="sketch:error=0.5")
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
     """
     if callable(getattr(gradtape, "register_local_source", None)):
         whose = "hvdsketch.tensorflow" if hasattr(gradtape, "_exchange") else "hvd"

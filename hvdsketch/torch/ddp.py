@@ -7,71 +7,33 @@ One line added to a plain ``DistributedDataParallel`` script::
     model = torch.nn.parallel.DistributedDataParallel(model)
     model.register_comm_hook(hvdsketch_ddp.ExchangeState(model, compression="auto"), hvdsketch_ddp.exchange_hook)
 
-It follows PyTorch's own hooks (``powerSGD_hook``'s ``PowerSGDState``): a state
-object, made once per DDP model, and a hook ``exchange_hook(state, bucket)``
-that returns a ``torch.futures.Future`` of the bucket's averaged gradients.
-:class:`ExchangeState` takes what :func:`hvdsketch.torch.DistributedOptimizer`
-takes: the compression flag (``"sketch:error=0.5"``, ``"topk:ratio=0.01"``,
-``"auto:bandwidth=1gbit"``, per-tensor rules; ``HVDSKETCH_COMPRESSION``, then
-``"none"``, when not given), ``memory=`` for error feedback
-(``"fp32"``, ``"plan:budget=0.25"``), ``sparse_as_dense``. Each parameter of a
-bucket is exchanged with its own compressor (the policy's choice for its name),
-through hvdsketch's exchanger over ``torch.distributed``
-(:mod:`hvdsketch.collectives.torchdist`: gloo on CPU, NCCL on GPU, the process
-group given or the default one). Launch with ``torchrun`` (or ``mpirun``, with
-the rendezvous in the environment); only torch is needed. In an ``mpirun`` job
-on CPUs, ``collectives="mpi"`` moves the messages over hvdsketch's MPI layer
-(mpi4py) instead: gloo's small collectives cost a millisecond or more each
-there, MPI's tens of microseconds.
+As PyTorch's ``powerSGD_hook`` with its ``PowerSGDState``: a state object made once
+per DDP model (:class:`ExchangeState`, which takes what
+:func:`hvdsketch.torch.DistributedOptimizer` takes), and a hook,
+:func:`exchange_hook`, that returns a ``torch.futures.Future`` of a bucket's
+averaged gradients. Each parameter of a bucket is exchanged with its own
+compressor over ``torch.distributed`` (:mod:`hvdsketch.collectives.torchdist`;
+gloo on CPU, NCCL on GPU), or with ``collectives="mpi"`` over hvdsketch's MPI
+layer in an ``mpirun`` job. Launch with ``torchrun`` (or ``mpirun``, with the
+rendezvous in the environment); only torch is needed.
 
-Buckets and steps. DDP calls the hook once per bucket, in the same order on every
-rank; a step's last bucket is the one ``bucket.is_last()`` says, or the one that
-completes the parameters DDP reduces (in ``static_graph``'s first step DDP's
-buckets all say index 0 and not last). A bucket's exchanges start when it is ready, fused per (op, dtype) as DDP
-fuses a bucket, so they travel while backward goes on. DDP calls the hooks in
-bucket order, so a bucket holding a parameter that comes before every later
-bucket's in the model (backward reaches it last: a sparse embedding's bucket of
-its own, which DDP puts first) is followed at once by all of them; such a bucket
-waits for the next, and they go out together (one collective where each bucket
-took one, each a network latency or more). The step ends at the last
-bucket (``bucket.is_last()``), where the exchanger finishes every exchange (later
-rounds of two-round methods, PowerSGD's Q, the union's values, start there) and
-every bucket's future is completed. DDP waits for the futures only after the
-last bucket's hook returned, so nothing is lost by completing them together. The
-ranks' collectives must be issued in one order, which the exchanger fixes by
-tensor names; the hook learns the buckets' order from the step before. In the
-first step, and in a step whose first bucket differs from the step before
-(DDP rebuilds its buckets once, after the first step), the exchanges start at
-the last bucket instead, bucket by bucket in DDP's order; that is also why
-``compression="none"`` gives DDP's own allreduce bit for bit. A checkpoint carries
-the buckets of the step it was saved after, and the first step after a resume
-sums in those (DDP itself starts again from its first layout), so the resumed run
-adds in the same order as the uninterrupted one, at any number of ranks.
+A bucket's exchanges start when DDP hands it over, so they travel while backward
+goes on; the step's last bucket finishes every exchange and completes every
+future. The ranks issue their collectives in one order, fixed by tensor names and
+the step before's buckets; in a step whose buckets differ from the step before
+(the first, DDP's rebuild), the exchanges start at the last bucket, in DDP's
+order, so ``compression="none"`` gives DDP's own allreduce bit for bit.
 
-What DDP users do keeps working: ``no_sync()`` (DDP calls no hook: the gradients
-accumulate locally, and the next synchronized backward exchanges the sum),
-``find_unused_parameters`` (unused parameters take part with zeros),
-``static_graph``, parameters of any floating dtype, and sparse gradients
-(``nn.Embedding(sparse=True)``): DDP gives each its own bucket, the exchanger
-gets it row-sparse (``sketch``, ``allgather``, ``union`` and ``balanced`` keep it
-sparse; others densify it), and it comes back as a sparse tensor. Several DDP
-models in one process each need a state of their own, and a process group of
-their own where their backward passes interleave. Mixed precision: ``autocast``
-as it is; with ``torch.amp.GradScaler`` a NaN or Inf average is handed back, as
-DDP's is, for the scaler to skip the step, and the hook's state stays as it was
-before that step (``error_if_nonfinite=True`` raises instead).
-
-Tuning: ``compression="auto"`` picks per tensor from measured sizes and the link
-(``auto:bandwidth=1gbit,latency=50us`` declares it instead of probing); rules name
-tensors by the names of ``model.module.named_parameters()`` (``named_parameters``
-given otherwise). ``bucket_cap_mb`` of DDP sets how early exchanges start: smaller
-buckets start sooner. :meth:`ExchangeState.report` says what was sent against a
-dense allreduce, per collective, and which compressor each tensor got.
+What DDP users do keeps working: ``no_sync()``, ``find_unused_parameters``,
+``static_graph``, parameters of any floating dtype, sparse gradients
+(``nn.Embedding(sparse=True)``, which come back sparse), several DDP models (each
+its own state, and its own process group where their backward passes interleave),
+``autocast`` and ``torch.amp.GradScaler`` (a NaN or Inf average is handed back for
+the scaler to skip the step, the hook's state kept as before it).
 
 Checkpoints: :meth:`ExchangeState.state_dict`, called on every rank between
-steps, gathers every rank's state (error-feedback residuals, compressors'
-state, step, policy decisions); rank 0 saves it beside the model, and every rank
-resumes bit for bit from that one file with :meth:`ExchangeState.load_state_dict`::
+steps, gathers every rank's state; rank 0 saves it beside the model, and every
+rank resumes bit for bit from that file with :meth:`ExchangeState.load_state_dict`::
 
     hook_state = state.state_dict()                      # every rank
     if dist.get_rank() == 0:
@@ -80,11 +42,9 @@ resumes bit for bit from that one file with :meth:`ExchangeState.load_state_dict
     ...
     state.load_state_dict(torch.load(path)["hook"])    # every rank
 
-Another number of ranks or compression setup is a clear ``ValueError``, or
-with ``reset_on_change=True`` a reset of that state on every rank, warned
-(:mod:`hvdsketch.exchange.checkpoint`). At the first bucket every rank checks
-that all run the same compression, memory and parameters; every step, that all
-are at the same step; bad input raises the same error on every rank.
+Another number of ranks or compression setup is a clear ``ValueError`` on every
+rank (or, with ``reset_on_change=True``, a warned reset); ranks that disagree on
+compression, memory, parameters or step raise the same error on every rank.
 """
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
 import contextlib
@@ -134,8 +94,20 @@ class ExchangeState:
             it was before that step; ``True``: raise ``FloatingPointError`` on every rank instead.
         collectives: whose collectives move the messages: ``"torch"``, ``torch.distributed``'s over
             ``process_group``; ``"mpi"``, hvdsketch's MPI layer (:mod:`hvdsketch.collectives.mpi`,
-            mpi4py) over every rank of an ``mpirun`` job, whose ranks must be DDP's: on CPU, MPI's
-            small messages take tens of microseconds where gloo's take a millisecond or more.
+            mpi4py) over every rank of an ``mpirun`` job, whose ranks must be DDP's (on CPU hosts
+            MPI's small collectives have the lower latency).
+
+    Raises:
+        ValueError: ``named_parameters`` naming a parameter twice, or a flag that is not valid.
+        TypeError: ``sparse_as_dense`` not a bool.
+
+    Example::
+
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        state = hvdsketch.torch.ddp.ExchangeState(model, compression="sketch:error=0.5", memory="fp32")
+        model.register_comm_hook(state, hvdsketch.torch.ddp.exchange_hook)
+        ...
+        print(state.report())   # bytes sent against a dense allreduce, per collective
     """
 
     def __init__(self, model: "torch.nn.Module | Iterable[tuple[str, torch.Tensor]]",

@@ -219,7 +219,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Called on rank 0 alone (Horovod's habit: ``if hvd.rank() == 0: torch.save({...,
         "optimizer": optimizer.state_dict()}, path)``) it waits for no rank that does not call it:
         the others' next step answers it at once, and whatever else they do (``hvd.barrier()``, an
-        allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS`` (10 s). It then warns, and its
+        allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS`` seconds (default 10). It then warns, and its
         checkpoint carries no rank's residuals or compressors' state: loading it starts them afresh
         on every rank alike (the step and ``auto``'s decisions kept).
         """
@@ -434,9 +434,28 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             (residuals, compressors' state, decisions, step) stays as it was before that step;
             ``True``: raise ``FloatingPointError`` on every rank instead.
 
+    Returns:
+        An instance of ``optimizer``'s own class (an LR scheduler or ``isinstance`` keeps working)
+        over the same parameter groups, with Horovod's methods (``synchronize``,
+        ``skip_synchronize``, ...) and hvdsketch's ``report()``; with ``op=hvd.Adasum``, Horovod's
+        own optimizer.
+
     Raises:
-        TypeError: ``optimizer`` is no ``torch.optim.Optimizer``, or one that Horovod's or hvdsketch's
-            ``DistributedOptimizer`` already wrapped.
+        TypeError: ``optimizer`` not a ``torch.optim.Optimizer``, or one that Horovod's or hvdsketch's
+            ``DistributedOptimizer`` already wrapped, or an argument of the wrong type.
+        ValueError: a flag or option that is not valid, ``named_parameters`` that do not name every
+            parameter once, or an ``op`` the compression cannot combine (Adasum).
+
+    Example::
+
+        hvd.init()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+        optimizer = hvdsketch.torch.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression="sketch:error=0.5", memory="fp32")
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+        print(optimizer.report())   # bytes sent against a dense allreduce
     """
     import horovod.torch as hvd
 
@@ -483,8 +502,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 
 def _sparse_layout(dense: torch.Tensor, sparse_dim: int) -> torch.Tensor:
     """``dense`` as a coalesced sparse tensor of ``sparse_dim`` sparse dimensions, its non-zero
-    slices as values (what ``Tensor.to_sparse(1)`` gives, which takes seconds on a CPU where this
-    takes milliseconds)."""
+    slices as values (what ``Tensor.to_sparse(1)`` gives, in one pass over the rows)."""
     if sparse_dim != 1:
         return dense.to_sparse(sparse_dim)
     rows = dense.reshape(dense.shape[0], -1).ne(0).any(1).nonzero().squeeze(1)

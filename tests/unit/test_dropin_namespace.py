@@ -1,6 +1,7 @@
 """The drop-in namespaces (``hvdsketch.torch.Compression``, ``hvdsketch.tensorflow.Compression``):
-every compressor by name, one object per flag, a clear error for what Horovod's path cannot carry,
-and, in TensorFlow, made and counted anywhere, inside tf.function too."""
+every compressor by name, a new object at each use in PyTorch and one object per flag in
+TensorFlow, a clear error for what Horovod's path cannot carry, and, in TensorFlow, made and counted
+anywhere, inside tf.function too."""
 import os
 
 import numpy as np
@@ -33,23 +34,23 @@ def test_every_compressor_is_an_attribute(framework, name):
     if name in DROP_IN:
         compression = getattr(namespace, name)
         assert isinstance(compression, DropInCompression) and compression.compressor.name == name
-        assert getattr(namespace, name) is compression  # one object, so its report() accumulates
-        assert namespace.from_spec(str(compression.compressor)) is compression
+        again = [getattr(namespace, name), namespace.from_spec(str(compression.compressor))]
+        assert all((made is compression) == (framework == "tensorflow") for made in again)
+        assert all(str(made.compressor) == str(compression.compressor) for made in again)
     else:
         with pytest.raises(ValueError, match=f"{own}.*compression='{name}'"):
             getattr(namespace, name)
 
 
 @pytest.mark.parametrize("framework", NAMESPACES)
-def test_options_give_one_object_per_flag(framework):
+def test_options_give_the_compression_of_their_flag(framework):
     namespace, own = NAMESPACES[framework]
     assert str(namespace.sketch.compressor) == "sketch:bitmap=float"  # its one-message form
-    assert namespace.sketch(error=0.25) is namespace.sketch(error=0.25) is namespace.sketch(error=0.25, bitmap="float")
     assert str(namespace.sketch(error=0.25, rows=3).compressor) == "sketch:rows=3,error=0.25,bitmap=float"
-    assert namespace.sketch(error=0.25) is not namespace.sketch
-    assert namespace.fp16(dtype="float16") is namespace.fp16  # the default, given
+    assert str(namespace.sketch(error=0.25).compressor) == str(namespace.sketch(error=0.25, bitmap="float").compressor)
+    assert str(namespace.fp16(dtype="float16").compressor) == str(namespace.fp16.compressor)  # the default, given
     assert namespace.randomk(ratio=0.5).compressor.ratio == 0.5
-    assert namespace.from_spec("sketch") is namespace.sketch  # the one-message form by flag too
+    assert str(namespace.from_spec("sketch").compressor) == str(namespace.sketch.compressor)  # one-message by flag
     assert namespace.from_spec("sketch:ratio=0.1").compressor.ratio == 0.1
     with pytest.raises(ValueError, match=own):
         namespace.from_spec("topk:ratio=0.1")
@@ -57,13 +58,26 @@ def test_options_give_one_object_per_flag(framework):
         namespace.fp16(ratio=2)
 
 
-def test_torch_report_accumulates_over_accesses():
+def test_tensorflow_gives_one_object_per_flag():
+    """Horovod's TensorFlow tape is made in the step and caches its traced allreduce by the
+    compression object: one object per flag, whatever the options' spelling, as Horovod's own."""
+    assert TFCompression.sketch(error=0.25) is TFCompression.sketch(error=0.25, bitmap="float")
+    assert TFCompression.sketch(error=0.25) is not TFCompression.sketch
+    assert TFCompression.fp16(dtype="float16") is TFCompression.fp16
+    assert TFCompression.from_spec("sketch") is TFCompression.sketch
+
+
+def test_torch_gives_a_new_object_at_each_use_with_its_own_steps_and_counts():
+    """Each ``Compression.x`` given to a Horovod optimizer is that optimizer's own: its steps, its
+    tensors' states and its byte counts start afresh, and go on in the object kept."""
+    kept = TorchCompression.sketch(error=0.5, density=0.5)
+    other = TorchCompression.sketch(error=0.5, density=0.5)
+    assert kept is not other and kept.session is not other.session
     for _ in range(3):
-        compression = TorchCompression.fp16
-        payload, ctx = compression.compress(torch.ones(10))
-        compression.decompress(payload, ctx)
-    report = TorchCompression.fp16.report()
-    assert report["bytes_dense"] >= 3 * 40 and report["bytes_sent"] < report["bytes_dense"]
+        kept.decompress(*kept.compress(torch.ones(10, 4)))
+    assert kept.session.step == 2 and other.session.step == 0 and not other.session.states.state_dict()
+    report = kept.report()
+    assert report["bytes_dense"] == 3 * 160 and 0 < report["bytes_sent"] and other.report()["bytes_dense"] == 0
 
 
 def test_tensorflow_compression_made_inside_tf_function_counts_every_run():

@@ -339,8 +339,8 @@ def test_drop_in_path_infers_steps_and_sizes_tensors_of_one_shape_apart():
     sizes = []
     for step in range(3):
         sent = [compression.compress(g) for g in (embedding, output)]
-        assert [ctx[2].name for _, ctx in sent] == [f"shape{shape}#0", f"shape{shape}#1"]
-        assert all(ctx[2].step == step for _, ctx in sent)
+        assert [ctx[1].name for _, ctx in sent] == [f"shape{shape}#0", f"shape{shape}#1"]
+        assert all(ctx[1].step == step for _, ctx in sent)
         sizes.append([payload.size for payload, _ in sent])
         outs = [compression.decompress(payload, ctx) for payload, ctx in sent]
         np.testing.assert_allclose(outs[1], output, rtol=1e-6)  # dense, exactly

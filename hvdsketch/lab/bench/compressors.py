@@ -46,6 +46,7 @@ from typing import Any, Callable
 import numpy as np
 
 from hvdsketch.lab.bench.report import allocator
+from hvdsketch.ops.contract import Ops
 
 FRAMEWORKS = {"numpy": ("numpy", "asarray"), "torch": ("torch", "from_numpy"),
               "tensorflow": ("tensorflow", "convert_to_tensor")}  # module, numpy -> tensor
@@ -146,7 +147,7 @@ def backend_of(tensor: Any) -> Any:
     return backend(values_of(tensor))
 
 
-def copier(ops: Any, tensor: Any, into_existing: bool) -> Callable[[], Any]:
+def copier(ops: Ops, tensor: Any, into_existing: bool) -> Callable[[], Any]:
     """A copy of ``tensor`` on its device: into a buffer made once (``into_existing``), else into
     fresh memory (``clone``); what the call returns is the copy, to wait for."""
     if ops.name == "tensorflow":
@@ -167,7 +168,7 @@ def copier(ops: Any, tensor: Any, into_existing: bool) -> Callable[[], Any]:
     return lambda: buffer.copy_(tensor)
 
 
-def copy_seconds(tensor: Any, ops: Any, repeats: int, warmup: int, into_existing: bool = True) -> float:
+def copy_seconds(tensor: Any, ops: Ops, repeats: int, warmup: int, into_existing: bool = True) -> float:
     """Median seconds of one copy of the dense ``tensor`` on its device (:func:`copier`), timed as
     the codecs are."""
     copy = copier(ops, tensor, into_existing)

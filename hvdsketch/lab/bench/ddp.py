@@ -44,6 +44,7 @@ buckets, and the hook's own count of what it compressed (P and Q) and not.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import gc
@@ -51,7 +52,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from hvdsketch import spec
 from hvdsketch.collectives.stats import ring_allreduce_bytes
@@ -123,8 +124,6 @@ def dense_workload(flag: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch.distributed as dist
-
     from hvdsketch.lab.config import TrainConfig
     from hvdsketch.lab.train import print_summary
     from hvdsketch.lab.workloads import get
@@ -137,15 +136,9 @@ def run(args: argparse.Namespace) -> int:
         flag = "none" if hook == "none" else f"powersgd:rank={approximation_rank}"
         config = dataclasses.replace(config, workload=dense_workload(config.workload), compression=flag, memory=None)
     workload = get(config.workload)
-    store = _store(rank, size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
-    try:
+    with gloo_group(rank, size):
         record = _train(config, workload, hook, approximation_rank, start_iter, args.bucket_cap_mb, rank, size, local,
                         args.collectives)
-        dist.barrier()  # rank 0 validates last: no rank tears gloo down under another's feet
-    finally:
-        _destroy()
-    _leave(store, rank, size)
     if rank == 0:
         print_summary(record)
         out = Path(config.out)
@@ -154,6 +147,23 @@ def run(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(record, indent=2))
         print(f"record: {path}")
     return 0
+
+
+@contextlib.contextmanager
+def gloo_group(rank: int, size: int) -> Iterator[None]:
+    """The default process group over gloo for this job's ``rank`` of ``size`` (rendezvous:
+    :func:`_store`), torn down on leaving: after a barrier where the block ends normally (no rank
+    tears gloo down under another's feet), rank 0, which serves the store, last."""
+    import torch.distributed as dist
+
+    store = _store(rank, size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=TIMEOUT)
+    try:
+        yield
+        dist.barrier()
+    finally:
+        _destroy()
+    _leave(store, rank, size)
 
 
 def _store(rank: int, size: int) -> Any:

@@ -152,12 +152,12 @@ def test_nan_on_one_rank_comes_back_on_every_rank_and_leaves_the_plan_as_it_was(
     g = torch.from_numpy(cases.row_sparse_gradient(hvd.rank(), cases.LOSSY_SHAPE, 4, integer=False))
     compression = Compression.sketch(error=0.5, density=0.05)
     dropin_average(hvd, compression, g * 50, "nan.sketch.before")  # a record, planned from a wide union
-    before = compression.session().states.state_dict()
+    before = compression.session.states.state_dict()
     if hvd.rank() == hvd.size() - 1:
         g[0, 0] = float("nan")
     result = dropin_average(hvd, compression, g, "nan.sketch")
     assert not torch.isfinite(result).all()
-    assert before and compression.session().states.state_dict() == before
+    assert before and compression.session.states.state_dict() == before
 
 
 def test_shapes_differing_across_ranks_raise_on_every_rank(hvd):
