@@ -92,8 +92,8 @@ def test_policies():
 
 
 def test_a_ranks_state_loads_with_torchs_default_load():
-    state = {"step": 3, "policy": {"decision": {"embed": "rows"}}, "memory": {"spec": np.asarray("fp32"),
-             "slots": {"embed": {"store": np.asarray("fp32"), "residual": np.arange(6, dtype=np.float32)}}}}
+    state = {"step": 3, "policy": {"decision": {"embed": "rows"}}, "memory": {"spec": "fp32",
+             "slots": {"embed": {"store": "fp32", "residual": np.arange(6, dtype=np.float32)}}}}
     blob = checkpoint.pack(state)
     raw = torch.load(io.BytesIO(blob))  # weights_only=True: tensors, numbers, text
     assert raw["memory"]["spec"] == "fp32" and isinstance(raw["memory"]["slots"]["embed"]["residual"], torch.Tensor)
