@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, Sequence
 
 from hvdsketch.compress.base import Compressor, Message, TensorContext
+from hvdsketch.ops.contract import Ops
 
 
 def block_shape(ctx: TensorContext) -> tuple[int, ...]:
@@ -60,7 +60,7 @@ class Units:
     def padded(self) -> bool:
         return self.units * self.unit_len != self.block_len
 
-    def matrix(self, ops: ModuleType, tensor: Any) -> Any:
+    def matrix(self, ops: Ops, tensor: Any) -> Any:
         """``tensor`` as the ``size * units x unit_len`` matrix (a view unless blocks are padded)."""
         flat = ops.flatten(tensor)
         if self.padded:
@@ -68,7 +68,7 @@ class Units:
             flat = ops.concat([piece for block in self._blocks(flat, self.block_len) for piece in (block, zeros)])
         return ops.reshape(flat, (self.size * self.units, self.unit_len))
 
-    def unpadded(self, ops: ModuleType, flat: Any, ctx: TensorContext) -> Any:
+    def unpadded(self, ops: Ops, flat: Any, ctx: TensorContext) -> Any:
         """A padded flat tensor of every block back in ``ctx.shape``."""
         if self.padded:
             flat = ops.concat([block[:self.block_len] for block in self._blocks(flat, self.units * self.unit_len)])

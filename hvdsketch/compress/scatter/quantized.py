@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, ClassVar, Sequence
 
 from hvdsketch.compress.base import Message, TensorContext
 from hvdsketch.compress.scatter.base import ScatterCompressor, Units, block_shape, equal_splits
 from hvdsketch.compress.scatter.dense import accumulator
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class ScatterQuantize(ScatterCompressor):
         sent = codes * ops.reshape(messages[1].tensor / self.levels, (-1, 1))
         return tensor - layout.unpadded(ops, ops.flatten(sent), ctx)
 
-    def _packed(self, ops: ModuleType, codes: Any) -> Any:
+    def _packed(self, ops: Ops, codes: Any) -> Any:
         """int8 codes as they travel: as they are at 8 bits, else ``per_byte`` of them a uint8, the
         first in the lowest bits, each offset by ``L`` to be non-negative."""
         if self.bits == 8:
@@ -100,7 +100,7 @@ class ScatterQuantize(ScatterCompressor):
         weights = ops.constant([2 ** (self.bits * j) for j in range(self.per_byte)], "int32", shifted)
         return ops.cast(ops.reduce_sum(shifted * weights, axis=1), "uint8")
 
-    def _unpacked(self, ops: ModuleType, packed: Any) -> Any:
+    def _unpacked(self, ops: Ops, packed: Any) -> Any:
         """The int8 codes of :meth:`_packed`'s bytes."""
         if self.bits == 8:
             return packed

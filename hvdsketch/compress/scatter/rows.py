@@ -19,7 +19,6 @@ With a 16-bit ``wire`` what the rounding took from this rank's rows is its resid
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, ClassVar
 
 from hvdsketch.compress import sizing
@@ -27,6 +26,7 @@ from hvdsketch.compress.base import Exchange, Message, Round, TensorContext
 from hvdsketch.compress.scatter.base import ScatterCompressor, Units, block_shape, equal_splits
 from hvdsketch.compress.scatter.dense import accumulator
 from hvdsketch.ops import backend
+from hvdsketch.ops.contract import Ops
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class ScatterRows(ScatterCompressor):
                     received=tuple(c * layout.unit_len for c in arriving))], residual)
         return self.decompress(received, (dtype, layout), ctx), ctx.state
 
-    def _residual(self, ops: ModuleType, layout: Units, nonzero: Any, rows: Any, wire: Any, ctx: TensorContext) -> Any:
+    def _residual(self, ops: Ops, layout: Units, nonzero: Any, rows: Any, wire: Any, ctx: TensorContext) -> Any:
         """What the wire's rounding took from this rank's rows, as a dense tensor of ``ctx.shape``."""
         lost = rows - ops.cast(wire, ops.dtype_name(rows))
         flat = ops.scatter(layout.size * layout.units * layout.unit_len,
