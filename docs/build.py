@@ -21,7 +21,7 @@ from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
 #: The pages that import a framework, by the run that builds each.
-FRAMEWORK_PAGES = {"api/torch": "main", "api/ddp": "main", "api/tensorflow": "tensorflow"}
+FRAMEWORK_PAGES = {"api/torch": "main", "api/ddp": "main", "api/fsdp": "main", "api/tensorflow": "tensorflow"}
 
 
 def sphinx_command(out: Path, doctrees: Path, *options: str) -> list[str]:
