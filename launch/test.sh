@@ -36,7 +36,7 @@ suite() {
 }
 
 PYTEST=(python -m pytest -q --color=no -p no:cacheprovider -o addopts= --timeout=600)
-suite unit 1500 "$LOGS/unit.log" "${PYTEST[@]}" tests/unit
+suite unit 2400 "$LOGS/unit.log" "${PYTEST[@]}" tests/unit
 suite gpu 900 "$LOGS/gpu.log" "${PYTEST[@]}" -rs tests/gpu  # skipped without CUDA
 for np in 2 3 4; do
   for s in plain torch tensorflow ddp fsdp; do
@@ -53,7 +53,7 @@ NEWEST_PYTHON=$(bash launch/torch-env.sh 2>/dev/null)
 NEWEST_TORCH=$("$NEWEST_PYTHON" -c 'import torch; print(torch.__version__)')
 PINNED_PATH=$PATH
 export PATH="$(dirname "$NEWEST_PYTHON"):$PATH"
-suite "unit torch $NEWEST_TORCH" 1500 "$LOGS/unit torch $NEWEST_TORCH.log" "${PYTEST[@]}" tests/unit
+suite "unit torch $NEWEST_TORCH" 2400 "$LOGS/unit torch $NEWEST_TORCH.log" "${PYTEST[@]}" tests/unit
 for np in 2 4; do
   out="$LOGS/np$np-ddp-newest"
   suite "mpi np=$np ddp torch $NEWEST_TORCH" 900 "$out/1/rank.0/stdout" \

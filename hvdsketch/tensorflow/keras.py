@@ -183,11 +183,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         compression: a flag (``"powersgd:rank=2"``, ``"sketch:density=0.05"``), rules, a compressor,
             a policy, a drop-in compression or Horovod's ``Compression.none`` / ``.fp16``.
         memory: error feedback (``"fp32"``).
-        error_if_nonfinite: ``False`` (the default): a NaN or Inf average is handed back, as
-            Horovod's is, for a loss scaler to skip the step, and hvdsketch's state (residuals,
-            compressors' state, decisions, step) stays as it was before that step (inside
-            ``tf.function`` too); ``True``: raise on every rank instead (``FloatingPointError``
-            eagerly, a failed assertion inside ``tf.function``).
+        error_if_nonfinite: as the tape's: ``False`` (the default) hands a NaN or Inf average back
+            for a loss scaler, hvdsketch's state kept as before the step; ``True`` raises.
 
     Returns:
         A new optimizer of ``optimizer``'s own class, made from its config (Keras saves it as that
