@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.spawn import clean_env
+
+#: The site documents the Horovod front ends, so it builds where Horovod, TensorFlow and Sphinx are.
+pytestmark = [needs.horovod, needs.tensorflow, pytest.mark.skipif(importlib.util.find_spec("sphinx") is None,
+                                                                reason="needs Sphinx (the docs extra)")]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The modules whose every public name the API reference must hold.
