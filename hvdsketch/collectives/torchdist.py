@@ -36,7 +36,8 @@ order. Inside :meth:`TorchDistCommunicator.fusing` (the DDP hook wraps each
 bucket in it) every start is held and the held messages go out together when the
 block ends, fused by (op, dtype); no handle reports itself done while a block is
 open, and a ``wait()`` inside a block sends what is held first. A wait over gloo
-polls, yielding the core (:func:`poll`). Tensors travel on their own device; with
+polls, yielding the core (:func:`poll`), except a reduce-scatter (gloo reports it
+completed only once waited). Tensors travel on their own device; with
 NCCL, host tensors are staged through the current CUDA device.
 """
 from __future__ import annotations
@@ -287,6 +288,8 @@ class _Launch:
         tensor = c.staged(self._messages[i].tensor)
         received = tensor.new_empty((tensor.shape[0] // c.size, *tensor.shape[1:]))
         work = _REDUCE_SCATTER(received, tensor, op=dist.ReduceOp.AVG, group=c.group, async_op=True)
+        if c.polling:
+            work = _Unreported(work)
         self._pending.append(([i], work, lambda: [c.unstaged(received, self._messages[i].tensor)]))
 
     def test(self) -> bool:
@@ -302,6 +305,21 @@ class _Launch:
                     out[i] = result
             self._results = out
         return self._results
+
+
+class _Unreported:
+    """A gloo reduce-scatter in flight, which is waited, never polled: gloo runs it as one
+    all-reduce per rank under a work that says it completed only once waited (PyTorch 2.13 and
+    2.14), so polling it would spin until :func:`poll` gives up."""
+
+    def __init__(self, work: Any) -> None:
+        self.work = work
+
+    def is_completed(self) -> bool:
+        return False
+
+    def wait(self) -> None:
+        self.work.wait()
 
 
 class TorchDistHandle:
@@ -436,7 +454,7 @@ class TorchDistCommunicator:
         (:func:`poll`); NCCL's ``wait`` only orders streams: it is not polled."""
         if work is None:
             return
-        if self.polling:
+        if self.polling and not isinstance(work, _Unreported):
             poll(work)
         work.wait()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spawn import clean_env
+from tests.spawn import clean_env, launched
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ["MPI Allreduce, 8 int64", "gloo all_reduce, 8 int64", "gloo all_gather, 8 int64",
@@ -21,7 +21,7 @@ def latency(*options: str) -> subprocess.CompletedProcess:
            *options]
     if os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240,
+    return launched(cmd, cwd=ROOT, timeout=240,
                           env=clean_env(PYTHONPATH=str(ROOT), OMPI_MCA_rmaps_base_oversubscribe="1"))
 
 

@@ -24,6 +24,7 @@ from hvdsketch.lab.bench.train import (Result, _why, carried, earlier_results, m
                                        probe_notice, probe_problem)
 from hvdsketch.spec import Spec, SpecError
 from tests import needs
+from tests.spawn import clean_env, launched
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -626,7 +627,7 @@ def test_byte_formulas_match_the_mpi_counters(tmp_path):
     if os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=200, cwd=ROOT, env=env)
+    done = launched(cmd, timeout=200, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     counts = json.loads(done.stdout.split("RESULT ", 1)[1])
     sent = {label: np.mean([c[0][label] for c in counts]) for label in counts[0][0]}
@@ -725,14 +726,13 @@ def test_a_training_record_breaks_its_step_down(tmp_path, path, flag):
     own few microseconds aside); ``path: local`` (each rank alone, the limit) sends nothing and waits
     for nothing, ``path: hvdsketch`` spends time in the codec."""
     from hvdsketch.lab import breakdown
-    from tests.spawn import clean_env
 
     cmd = ["mpirun", "--bind-to", "none", "-np", "2", sys.executable, "-m", "hvdsketch.lab.cli", "train",
            "--config", "configs/fasttext.yaml", "--compression", flag, "--path", path, "--steps-per-epoch", "8",
            "--out", str(tmp_path)]
     if os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=540,
+    done = launched(cmd, cwd=ROOT, timeout=540,
                           env=clean_env(PYTHONPATH=str(ROOT), OMPI_MCA_rmaps_base_oversubscribe="1"))
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]

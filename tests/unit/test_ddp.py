@@ -3,7 +3,6 @@ training under horovodrun, record for record."""
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from hvdsketch.lab.bench.ddp import add_arguments, dense_workload, parse_hook
 from hvdsketch.spec import SpecError
 from tests import needs
+from tests.spawn import launched
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def test_dense_workload_turns_sparse_off():
 def run(tmp_path: Path, name: str, command: list[str]) -> dict:
     out = tmp_path / name
     cmd = ["horovodrun", "-np", "2", "-H", "localhost:2", sys.executable, "-m", *command, "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT,
+    done = launched(cmd, timeout=400, cwd=ROOT,
                           env={**os.environ, "HVDSKETCH_COMPRESSION": ""})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (record,) = out.glob("*.json")

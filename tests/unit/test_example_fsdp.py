@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.spawn import clean_env
+from tests.spawn import clean_env, launched
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Each method, and how much of FSDP's own reduce-scatter's bytes it may send at most.
@@ -17,7 +17,7 @@ def test_fsdp_script_trains_under_torchrun_with_every_method(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "examples" / "fsdp_lm.py"), "--steps", "30", "--checkpoint-dir", str(tmp_path),
            "--compression", *FLAGS]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=tmp_path,
+    done = launched(cmd, timeout=400, cwd=tmp_path,
                           env=clean_env(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = {flag: tuple(map(float, numbers)) for flag, *numbers in SUMMARY.findall(done.stdout)}

@@ -3,14 +3,13 @@ with hvdsketch's compression as their one change, train under horovodrun with ev
 compressor: each launch trains once per compressor (and mode), so the suite pays the start of
 Horovod and the frameworks three times, not once per combination."""
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests import needs
-from tests.spawn import clean_env
+from tests.spawn import clean_env, launched
 
 pytestmark = needs.horovod
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +33,7 @@ def test_dropin_script_trains_under_horovodrun_with_every_dropin_compressor(scri
     extra, modes, checkpoints = SCRIPTS[script]
     cmd = ["horovodrun", "-np", "2", "-H", "localhost:2", sys.executable, str(ROOT / "examples" / script),
            "--steps", "20", *extra, "--checkpoint-dir", str(tmp_path), "--compression", *FLAGS]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    done = launched(cmd, timeout=600, cwd=tmp_path,
                           env=clean_env(TF_CPP_MIN_LOG_LEVEL="3"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = {(flag, mode): tuple(map(float, numbers)) for flag, mode, *numbers in SUMMARY.findall(done.stdout)}

@@ -5,7 +5,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.spawn import clean_env
+from tests.spawn import clean_env, launched
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ def test_failure_on_one_rank_fails_the_job_instead_of_hanging():
     limit = 120
     start = time.monotonic()
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=ROOT, env=clean_env())
+        done = launched(cmd, timeout=limit, cwd=ROOT, env=clean_env())
     except subprocess.TimeoutExpired:
         raise AssertionError(f"the harness let a one-rank failure hang for {limit}s") from None
     elapsed = time.monotonic() - start

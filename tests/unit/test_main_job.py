@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.spawn import clean_env
+from tests.spawn import clean_env, launched
 
 ROOT = Path(__file__).resolve().parents[2]
 #: what PyTorch's and Python's warnings, TensorFlow's C++ log (E0000/W0000 ...) and its Python log print
@@ -34,7 +34,7 @@ def main_job(out: Path, **env: str) -> subprocess.CompletedProcess:
     workload = yaml.safe_load((ROOT / "configs" / "lstm.yaml").read_text())["workload"]
     cmd = ["bash", "launch/run.sh", "--epochs", "1", "--steps-per-epoch", "6",
            "--workload", f"{workload},val_limit=300"]  # validation on fewer words: a short run
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1140,
+    done = launched(cmd, cwd=ROOT, timeout=1140,
                           env=clean_env(DENSE_STEPS="4", OUT=str(out), **env))
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]

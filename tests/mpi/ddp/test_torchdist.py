@@ -1,10 +1,12 @@
 """The torch.distributed communicator on its own: every op, sizes differing by rank, fusion, and
 the bytes Horovod's communicator would count for the same messages."""
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
 
-from hvdsketch.collectives import reduce
+from hvdsketch.collectives import reduce, torchdist
 from hvdsketch.collectives.stats import alltoall_bytes, ring_allreduce_bytes
 from hvdsketch.collectives.torchdist import GATHERED_BELOW, TorchDistCommunicator
 from hvdsketch.compress.base import Message
@@ -151,6 +153,29 @@ def test_a_fusing_block_sends_one_allreduce_and_reports_nothing_done_until_it_en
     assert torch.equal(second.wait()[0], b) and torch.equal(first.wait()[0], a)
     # counted per start call, as Horovod's communicator counts
     assert comm.stats.snapshot()["allreduce.average"]["calls"] == 2
+
+
+def test_every_collective_it_polls_reports_its_completion(comm, monkeypatch):
+    """A wait over gloo polls ``work.is_completed()``; a work that never says it completed until
+    waited (gloo's reduce-scatter) would spin each wait until the poll gives up. Every op kind, each
+    polled work given 30 s to report."""
+    silent = []
+
+    def bounded(work):
+        deadline = time.monotonic() + 30
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                silent.append(work)
+                return
+            time.sleep(0.001)
+
+    monkeypatch.setattr(torchdist, "poll", bounded)
+    size = comm.size
+    x = torch.arange(4.0 * size)
+    rows = torch.ones((comm.rank + 1, 2))
+    reduce(comm, [Message(x, "average"), Message(x.to(torch.int64), "max"), Message(rows, "allgather"),
+                  Message(x, "alltoall", (4,) * size), Message(x, "reduce_scatter")], "every")
+    assert comm.polling and silent == []
 
 
 def test_an_unknown_op_is_a_clear_error(comm):
