@@ -1,4 +1,4 @@
-"""``hvdsketch info | train | plan | compare | bench {collectives,compressors,train,exchange,scaling,latency}``.
+"""``hvdsketch info | train | plan | compare | bench {collectives,compressors,train,exchange,linkbound,scaling,latency}``.
 
 Each command lives in its own module exposing ``add_arguments(parser)`` and
 ``run(args) -> int``; modules import frameworks inside ``run`` only, so the
@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "compressors": ("hvdsketch.lab.bench.compressors", "ratio, throughput and error of every compressor"),
     "train": ("hvdsketch.lab.bench.train", "training matrix on the emulated cluster"),
     "exchange": ("hvdsketch.lab.bench.exchange", "one tensor's exchange time per entry, on real gradients"),
+    "linkbound": ("hvdsketch.lab.bench.linkbound", "bench exchange unshaped, then over links slowed until dense is link-bound"),
     "scaling": ("hvdsketch.lab.bench.scaling", "bytes per rank of sparse allreduces for 2..1024 ranks, measured supports"),
     "latency": ("hvdsketch.lab.bench.latency", "one small collective's round trip over gloo and over MPI (under mpirun)"),
 }

@@ -35,11 +35,18 @@ touched, the mean over ranks) and ``u`` (their union), and each entry's bytes
 over it. Training is not
 part of it: the weights stay at their initial values, and only the
 gradient's values and support matter here.
+
+Under shaped links (``launch/cluster.sh --rate``, which exports
+``HVDSKETCH_CLUSTER_RATE``) each entry also gets its floor: the busiest rank's
+bytes over the link (:data:`TCP_SHARE` of the rate) plus its collectives a step
+times the link's latency, a small allreduce's round trip timed after the
+entries (the slowest rank's, the median of :data:`LATENCY_PROBES`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from typing import Any, Callable
@@ -49,6 +56,11 @@ import yaml
 
 from hvdsketch.lab.bench.spread import Spread
 from hvdsketch.lab.bench.targets import judge
+
+#: What TCP moves of a tbf-shaped link's rate at MTU 1500: tbf counts whole frames (1448 / 1514).
+TCP_SHARE = 1448 / 1514
+#: Small allreduces timed for the link's latency.
+LATENCY_PROBES = 21
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,6 +174,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             if step >= args.warmup:
                 times[label].append(slowest)
     steps = max(len(next(iter(times.values()))), 1)
+    latency = probe_latency(hvd)
+    rate = link_rate()
     values, index, touched, union = (statistics.mean(column) for column in zip(*bounds))
     sent = torch.tensor([runs[e.label][1].bytes_sent / steps for e in entries], dtype=torch.float64)
     mean = hvd.allreduce(sent, op=hvd.Average, name="probe.bytes.mean").tolist()
@@ -170,17 +184,44 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for i, e in enumerate(entries):
         seconds = batched(times[e.label], args.batches)
         against = ratio(times[e.label], times[args.baseline], args.batches)
+        collectives = sum(c["calls"] for c in runs[e.label][1].snapshot().values()) / steps
+        floor = most[i] / (rate * TCP_SHARE) + collectives * latency if rate else None
         rows.append({"label": e.label, "exchange_s": seconds.center, "exchange_range_s": [seconds.low, seconds.high],
                      "vs_baseline": against.center, "vs_baseline_range": [against.low, against.high],
                      "bytes_sent_per_step": runs[e.label][1].bytes_sent / steps,
                      "mean_bytes_sent_per_step": mean[i], "max_bytes_sent_per_step": most[i],
-                     "vs_bound": mean[i] / (values + index) if values + index else None, "times_s": times[e.label]})
+                     "vs_bound": mean[i] / (values + index) if values + index else None, "times_s": times[e.label],
+                     "collectives_per_step": collectives, "floor_s": floor,
+                     "vs_floor": seconds.center / floor if floor else None})
     result = {"workload": str(workload), "tensor": args.tensor, "shape": list(param.shape), "size": hvd.size(),
               "steps": steps, "warmup": args.warmup, "batches": args.batches, "baseline": args.baseline,
-              "rows": rows, "bound": {"values_bytes": values, "index_bytes": index, "z": touched, "u": union}}
+              "rows": rows, "bound": {"values_bytes": values, "index_bytes": index, "z": touched, "u": union},
+              "link": {"rate": os.environ.get("HVDSKETCH_CLUSTER_RATE"), "bytes_per_s": rate, "latency_s": latency}}
     if args.subject:
         result["subject"] = against_fastest(times, args.subject, args.margin, args.batches)
     return result
+
+
+def probe_latency(hvd: Any) -> float:
+    """A small allreduce's round trip, the slowest rank's, the median of :data:`LATENCY_PROBES`."""
+    import torch
+
+    times = []
+    for _ in range(LATENCY_PROBES):
+        hvd.barrier()
+        start = time.perf_counter()
+        hvd.allreduce(torch.zeros(2), name="probe.latency")
+        times.append(hvd.allreduce(torch.tensor([time.perf_counter() - start]), op=hvd.Max,
+                                   name="probe.latency.time").item())
+    return statistics.median(times)
+
+
+def link_rate() -> float | None:
+    """Bytes per second of the cluster's shaped links (``HVDSKETCH_CLUSTER_RATE``); ``None`` unshaped."""
+    from hvdsketch.policy.cost import parse_bandwidth
+
+    rate = os.environ.get("HVDSKETCH_CLUSTER_RATE", "none")
+    return None if rate == "none" else parse_bandwidth(rate)
 
 
 def batched(values: list[float], batches: int) -> Spread:
@@ -221,10 +262,14 @@ def run(args: argparse.Namespace) -> int:
             vs = Spread(r["vs_baseline"], *r["vs_baseline_range"]).text(3)
             print(f"  {r['label']:<20} {ms:>22} ms  {vs:>20}x {args.baseline}  "
                   f"{r['mean_bytes_sent_per_step'] / 1e6:9.3f} MB/step (mean; max {r['max_bytes_sent_per_step'] / 1e6:.3f})"
-                  f"  {r['vs_bound'] or 0:6.2f}x bound", flush=True)
+                  f"  {r['vs_bound'] or 0:6.2f}x bound"
+                  + (f"  {r['vs_floor']:5.2f}x floor ({r['floor_s'] * 1e3:.1f} ms)" if r["floor_s"] else ""), flush=True)
         print(f"  {'bound':<20} {'':>22}     {'':>20}  {'':>{len(args.baseline)}}  {total / 1e6:9.3f} MB/step  "
               f"(values {bound['values_bytes'] / 1e6:.3f} + index {bound['index_bytes'] / 1e6:.4f}; "
               f"z {bound['z']:.0f}, u {bound['u']:.0f} rows)", flush=True)
+        link = result["link"]
+        print(f"  link {link['rate'] or 'unshaped'}, latency {link['latency_s'] * 1e3:.2f} ms (a small allreduce)",
+              flush=True)
         subject = result.get("subject")
         if subject:
             spread = Spread(subject["ratio"], *subject["range"]).text(3)
