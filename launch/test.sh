@@ -47,17 +47,19 @@ for np in 2 3 4; do
       "${MPIRUN[@]}" -np "$np" --output-filename "$out" "${PYTEST[@]}" "tests/mpi/$s"
   done
 done
-# The tests that need neither Horovod nor TensorFlow (tests/unit skips the rest) on PyTorch's newest release
-# too, in its own environment (launch/torch-env.sh, made by setup.sh), its python first on every rank's PATH.
+# The tests that need neither Horovod nor TensorFlow (tests/unit skips the rest, and the DDP and FSDP suites) on
+# PyTorch's newest release too, in its own environment (launch/torch-env.sh, made by setup.sh), its python first on every rank's PATH.
 NEWEST_PYTHON=$(bash launch/torch-env.sh 2>/dev/null)
 NEWEST_TORCH=$("$NEWEST_PYTHON" -c 'import torch; print(torch.__version__)')
 PINNED_PATH=$PATH
 export PATH="$(dirname "$NEWEST_PYTHON"):$PATH"
 suite "unit torch $NEWEST_TORCH" 2400 "$LOGS/unit torch $NEWEST_TORCH.log" "${PYTEST[@]}" tests/unit
 for np in 2 4; do
-  out="$LOGS/np$np-ddp-newest"
-  suite "mpi np=$np ddp torch $NEWEST_TORCH" 900 "$out/1/rank.0/stdout" \
-    "${MPIRUN[@]}" -np "$np" --output-filename "$out" "${PYTEST[@]}" tests/mpi/ddp
+  for s in ddp fsdp; do
+    out="$LOGS/np$np-$s-newest"
+    suite "mpi np=$np $s torch $NEWEST_TORCH" 900 "$out/1/rank.0/stdout" \
+      "${MPIRUN[@]}" -np "$np" --output-filename "$out" "${PYTEST[@]}" "tests/mpi/$s"
+  done
 done
 export PATH=$PINNED_PATH
 
