@@ -12,7 +12,7 @@ def test_the_rate_makes_dense_take_factor_times_its_unshaped_time_over_the_link(
 
 def test_each_entry_is_held_against_its_floor_and_the_model_floor_plus_its_unshaped_time():
     row = {"label": "allgather", "exchange_s": 0.2, "exchange_range_s": [0.19, 0.22], "floor_s": 0.1,
-           "vs_floor": 2.0, "mean_bytes_sent_per_step": 1e6, "max_bytes_sent_per_step": 1.1e6,
+           "vs_floor": 2.0, "mean_bytes_sent_per_step": 1e6, "max_bytes_sent_per_step": 1.1e6, "link_bytes_per_step": 1.2e6,
            "collectives_per_step": 2.0}
     auto = {**row, "label": "auto"}
     shaped = {"rows": [row, auto]}

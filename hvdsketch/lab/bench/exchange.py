@@ -38,7 +38,8 @@ gradient's values and support matter here.
 
 Under shaped links (``launch/cluster.sh --rate``, which exports
 ``HVDSKETCH_CLUSTER_RATE``) each entry also gets its floor: the busiest rank's
-bytes over the link (:data:`TCP_SHARE` of the rate) plus its collectives a step
+bytes over its link, sent or received, whichever is more (each direction
+carries :data:`TCP_SHARE` of the rate), plus its collectives a step
 times the link's latency, a small allreduce's round trip timed after the
 entries (the slowest rank's, the median of :data:`LATENCY_PROBES`).
 """
@@ -180,18 +181,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     sent = torch.tensor([runs[e.label][1].bytes_sent / steps for e in entries], dtype=torch.float64)
     mean = hvd.allreduce(sent, op=hvd.Average, name="probe.bytes.mean").tolist()
     most = hvd.allreduce(sent, op=hvd.Max, name="probe.bytes.max").tolist()
+    crossed = torch.tensor([max(runs[e.label][1].bytes_sent, runs[e.label][1].bytes_received) / steps for e in entries],
+                           dtype=torch.float64)
+    busiest = hvd.allreduce(crossed, op=hvd.Max, name="probe.bytes.link").tolist()
     rows = []
     for i, e in enumerate(entries):
         seconds = batched(times[e.label], args.batches)
         against = ratio(times[e.label], times[args.baseline], args.batches)
         collectives = sum(c["calls"] for c in runs[e.label][1].snapshot().values()) / steps
-        floor = most[i] / (rate * TCP_SHARE) + collectives * latency if rate else None
+        floor = busiest[i] / (rate * TCP_SHARE) + collectives * latency if rate else None
         rows.append({"label": e.label, "exchange_s": seconds.center, "exchange_range_s": [seconds.low, seconds.high],
                      "vs_baseline": against.center, "vs_baseline_range": [against.low, against.high],
                      "bytes_sent_per_step": runs[e.label][1].bytes_sent / steps,
                      "mean_bytes_sent_per_step": mean[i], "max_bytes_sent_per_step": most[i],
                      "vs_bound": mean[i] / (values + index) if values + index else None, "times_s": times[e.label],
-                     "collectives_per_step": collectives, "floor_s": floor,
+                     "collectives_per_step": collectives, "link_bytes_per_step": busiest[i], "floor_s": floor,
                      "vs_floor": seconds.center / floor if floor else None})
     result = {"workload": str(workload), "tensor": args.tensor, "shape": list(param.shape), "size": hvd.size(),
               "steps": steps, "warmup": args.warmup, "batches": args.batches, "baseline": args.baseline,
