@@ -175,14 +175,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             if step >= args.warmup:
                 times[label].append(slowest)
     steps = max(len(next(iter(times.values()))), 1)
-    latency = probe_latency(hvd)
+    latency = probe_latency(hvd, param.device)
     rate = link_rate()
     values, index, touched, union = (statistics.mean(column) for column in zip(*bounds))
     sent = torch.tensor([runs[e.label][1].bytes_sent / steps for e in entries], dtype=torch.float64)
     mean = hvd.allreduce(sent, op=hvd.Average, name="probe.bytes.mean").tolist()
     most = hvd.allreduce(sent, op=hvd.Max, name="probe.bytes.max").tolist()
     crossed = torch.tensor([max(runs[e.label][1].bytes_sent, runs[e.label][1].bytes_received) / steps for e in entries],
-                           dtype=torch.float64)
+                           dtype=torch.float64, device=param.device)
     busiest = hvd.allreduce(crossed, op=hvd.Max, name="probe.bytes.link").tolist()
     rows = []
     for i, e in enumerate(entries):
@@ -206,7 +206,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def probe_latency(hvd: Any) -> float:
+def probe_latency(hvd: Any, device: Any) -> float:
     """A small allreduce's round trip, the slowest rank's, the median of :data:`LATENCY_PROBES`."""
     import torch
 
@@ -214,8 +214,8 @@ def probe_latency(hvd: Any) -> float:
     for _ in range(LATENCY_PROBES):
         hvd.barrier()
         start = time.perf_counter()
-        hvd.allreduce(torch.zeros(2), name="probe.latency")
-        times.append(hvd.allreduce(torch.tensor([time.perf_counter() - start]), op=hvd.Max,
+        hvd.allreduce(torch.zeros(2, device=device), name="probe.latency")
+        times.append(hvd.allreduce(torch.tensor([time.perf_counter() - start], device=device), op=hvd.Max,
                                    name="probe.latency.time").item())
     return statistics.median(times)
 
