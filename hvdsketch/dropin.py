@@ -41,7 +41,7 @@ from typing import Any
 
 from hvdsketch import spec as _spec
 from hvdsketch.compress import REGISTRY, Compressor, TensorContext, create
-from hvdsketch.compress.flight import Flight
+from hvdsketch.exchange.flight import Flight
 from hvdsketch.compress.state import StateTable, Undo, undoable
 from hvdsketch.compress.support import is_passthrough
 from hvdsketch.digests import digest

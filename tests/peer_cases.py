@@ -18,7 +18,7 @@ import pytest
 from hvdsketch.collectives import reduce
 from hvdsketch.compress import Compressor, TensorContext, create
 from hvdsketch.compress.base import Message
-from hvdsketch.compress.flight import Flight
+from hvdsketch.exchange.flight import Flight
 from hvdsketch.compress.state import StateTable
 from hvdsketch.exchange import Exchanger
 from hvdsketch.memory import Memory

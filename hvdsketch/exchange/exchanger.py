@@ -4,7 +4,7 @@ The PyTorch optimizer calls :meth:`Exchanger.start` from each parameter's
 gradient hook, while backward goes on, and :meth:`Exchanger.finish` before the
 optimizer's step; the TensorFlow tape calls both for the gradients it computed.
 ``start`` asks the policy for the tensor's compressor (decided at the last step
-boundary, never mid-step), starts a :class:`~hvdsketch.compress.flight.Flight`
+boundary, never mid-step), starts a :class:`~hvdsketch.exchange.flight.Flight`
 (error feedback included) and sends its first round through the non-blocking
 communicator; it also moves on every earlier tensor whose round has landed, so
 multi-round methods advance while backward still runs (the step's flights are
@@ -71,7 +71,7 @@ from typing import Any, Callable, ContextManager, Literal, Mapping, Sequence
 
 from hvdsketch.collectives import Communicator
 from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
-from hvdsketch.compress.flight import Flight
+from hvdsketch.exchange.flight import Flight
 from hvdsketch.compress.state import StateTable, Undo, undoable
 from hvdsketch.compress.support import is_passthrough, values_of
 from hvdsketch.exchange import agreement

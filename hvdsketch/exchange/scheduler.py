@@ -1,6 +1,6 @@
 """The flights of one step: each round sent as soon as it may go, each reduction handed back as it lands.
 
-The exchanger gives every tensor's :class:`~hvdsketch.compress.flight.Flight` to a
+The exchanger gives every tensor's :class:`~hvdsketch.exchange.flight.Flight` to a
 :class:`Scheduler` (:meth:`Scheduler.submit`) as soon as its gradient is ready.
 The scheduler sends the flight's round through the communicator, names it
 ``{prefix}.{tensor}.r{round}`` (the same on every rank, step after step), and
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, ContextManager
 
 from hvdsketch.collectives import Communicator, Handle
-from hvdsketch.compress.flight import Flight
+from hvdsketch.exchange.flight import Flight
 from hvdsketch.exchange.ordering import LaunchOrder
 
 #: The handle of a round waiting in the launch order's queue.

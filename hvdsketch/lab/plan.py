@@ -108,7 +108,7 @@ def _gradients(workload: Any, steps: int) -> Iterator[dict[str, Any]]:
 def _observe(compressor: Any, gradients: Iterator[dict[str, Any]], memory: PlannedMemory) -> None:
     """Run every gradient's exchange on one rank with ``memory`` observing the residuals."""
     from hvdsketch.compress import TensorContext
-    from hvdsketch.compress.flight import run_local
+    from hvdsketch.exchange.flight import run_local
     from hvdsketch.compress.state import StateTable
     from hvdsketch.ops import backend
 

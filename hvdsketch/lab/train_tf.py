@@ -109,6 +109,6 @@ def train(config: TrainConfig, workload: Any) -> dict[str, Any]:
             "path": config.path, "rank": rank, "size": size, "epochs": config.epochs, "steps": done,
             "wall_s": wall, "step_s": step_time / max(done, 1), "exchange_s": None,
             "bytes_sent_per_step": sent / max(done, 1), "bytes_dense_per_step": dense / max(done, 1),
-            "assignment": None if not tapes or tapes[-1]._exchanger.policy.assignment is None
-            else [row.to_dict() for row in tapes[-1]._exchanger.policy.assignment],
+            "assignment": None if not tapes or tapes[-1]._session.policy.assignment is None
+            else [row.to_dict() for row in tapes[-1]._session.policy.assignment],
             "validation": validation, "config": dataclasses.asdict(config), "environment": environment()}

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 from hvdsketch.collectives.grouping import group
 from hvdsketch.collectives.stats import reduce_scatter_bytes, ring_allreduce_bytes
 from hvdsketch.compress import Compressor, Message, RowSparse, TensorContext
-from hvdsketch.compress.flight import run_local
+from hvdsketch.compress.local import run_alone
 from hvdsketch.compress.support import Layout, values_of
 from hvdsketch.ops import backend
 from hvdsketch.spec import SpecError
@@ -193,7 +193,7 @@ def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: in
     for _ in range(repeats):
         ops.synchronize(values_of(tensor))  # device work queued before is not the codec's
         start = time.perf_counter()
-        result, rounds = run_local(compressor, tensor if compressor.row_sparse else densified(tensor), ctx)
+        result, rounds = run_alone(compressor, tensor if compressor.row_sparse else densified(tensor), ctx)
         ops.synchronize(values_of(result))  # on an accelerator the kernels have only been queued
         timings.append(time.perf_counter() - start)
     size = ctx.world_size

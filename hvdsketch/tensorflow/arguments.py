@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from hvdsketch import policy as _policy
+from hvdsketch.exchange.session import create_policy
 
 
 def reduction_of(hvd: Any, op: Any, gradient_predivide_factor: float) -> str:
@@ -38,7 +38,7 @@ def groups_of(num_groups: int, groups: Any) -> Any:
 
 def adasum_refusal(compression: Any, memory: Any) -> str | None:
     """Why Adasum cannot run with this compression (``None``: it can, as Horovod's own)."""
-    policy = _policy.create(compression)
+    policy = create_policy(compression)
     if str(policy) == "none" and memory is None:
         return None
     return (f"hvdsketch: op=hvd.Adasum combines the ranks' updates non-linearly, so it cannot combine compressed "

@@ -63,12 +63,12 @@ class _WithExchanges:
             if id(exchange) in saved:
                 exchange.load_local_state(saved[id(exchange)])
             else:  # made after the last commit
-                exchange.exchanger.abandon()
+                exchange.session.abandon()
 
     def sync(self) -> None:
         super().sync()
         for exchange in self._exchanges():
-            exchange.exchanger.abandon()
+            exchange.session.abandon()
             exchange.rejoin = True
 
 

@@ -32,14 +32,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
 
-from hvdsketch import policy as _policy
 from hvdsketch import spec
 from hvdsketch.collectives.horovod import HorovodCommunicator
 from hvdsketch.compress import RowSparse, TensorContext
 from hvdsketch.compress.support import values_of
 from hvdsketch.digests import digest
-from hvdsketch.exchange import Exchanger, agreement, checkpoint
-from hvdsketch.exchange.report import report_of
+from hvdsketch.exchange.session import Session, Tensor, create_policy, in_elastic_job
 from hvdsketch.ops import tensorflow as tf_ops
 from hvdsketch.tensorflow.arguments import index_groups, names_of, start_together
 
@@ -59,15 +57,13 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
 
     ``compression`` (after :func:`hvdsketch.policy.flag.unwrapped`) names the setup: a flag by the flag in force,
     rules by their text, an object by its identity."""
-    from hvdsketch.memory import create as create_memory
-
     process_set = hvd.global_process_set if process_set is None else process_set
     flag = spec.resolve(compression) if compression is None else compression
     key = (_identity(flag), _identity(memory), reduction, sparse_as_dense, gradient_predivide_factor,
            process_set.process_set_id, device_dense, device_sparse, error_if_nonfinite)
     if shared and key in _exchanges:
         return _exchanges[key]
-    policy = _policy.create(compression)
+    policy = create_policy(compression)
     setup = "|".join(map(str, (policy, memory, *key[2:])))
     made = _made[setup] = _made.get(setup, -1) + 1
     # named by the setup (and how many of it came before), so that a rank that made other exchanges
@@ -75,10 +71,8 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
     prefix = f"hvdsketch_{digest(setup, bits=24):06x}" + (f"_{made}" if made else "")
     communicator = HorovodCommunicator(hvd, process_set, predivide=gradient_predivide_factor)
     exchange = GradientExchange(device_dense, device_sparse)
-    exchange.exchanger = Exchanger(policy, communicator,
-                                   None if memory is None else create_memory(memory), op=reduction,
-                                   sparse_as_dense=sparse_as_dense, prefix=prefix, placement=exchange.placement,
-                                   error_if_nonfinite=error_if_nonfinite)
+    exchange.session = Session(policy, memory, communicator, tf_ops, op=reduction, sparse_as_dense=sparse_as_dense,
+                               prefix=prefix, placement=exchange.placement, error_if_nonfinite=error_if_nonfinite)
     if shared:
         exchange.keep = (compression, memory)  # the objects whose identity is in the key stay alive
         _exchanges[key] = exchange
@@ -103,9 +97,9 @@ def _identity(argument: Any) -> Any:
 
 
 class GradientExchange:
-    """Exchanges the gradients of a list of variables through one :class:`~hvdsketch.exchange.Exchanger`."""
+    """Exchanges the gradients of a list of variables through one :class:`~hvdsketch.exchange.session.Session`."""
 
-    exchanger: Exchanger
+    session: Session
 
     def __init__(self, device_dense: str = "", device_sparse: str = "") -> None:
         self.device_dense, self.device_sparse = device_dense, device_sparse
@@ -127,17 +121,16 @@ class GradientExchange:
                  scale_local_gradients: bool = True, generic_names: bool = False) -> list[Any]:
         """``grads`` (of ``sources``, ``None`` where a source has none) reduced across the process
         set; the sources whose ``ref()`` is in ``local`` keep their own gradients."""
-        exchanger = self.exchanger
+        session = self.session
         grads = list(grads)
-        if not exchanger.communicator.process_set.included():  # as in Horovod: outside the set, local gradients
+        if not session.communicator.process_set.included():  # as in Horovod: outside the set, local gradients
             return grads
         names = names_of(sources, generic_names)
         shapes = [tuple(int(d) for d in s.shape) for s in sources]
         shared = [i for i, s in enumerate(sources) if s.ref() not in local]
 
-        def begin() -> None:  # where a world begins, every rank agrees, eagerly (hvdsketch.exchange.checkpoint)
-            checkpoint.begin(exchanger, lambda: _described(sources, names, shapes, shared), tf_ops,
-                             rejoin=self.rejoin, scope=tf.init_scope)
+        def begin() -> None:  # where a world begins, every rank agrees, eagerly
+            session.begin(lambda: _described(sources, names, shapes, shared), rejoin=self.rejoin, scope=tf.init_scope)
             self.rejoin = False
 
         begin()
@@ -155,13 +148,13 @@ class GradientExchange:
         if not tf.executing_eagerly() and self.keeps_python_state():
             averaged = self._in_python({names[i]: grads[i] for i in shared}, begin, dense)
         else:
-            sent = exchanger.communicator.stats.bytes_sent
-            averaged = exchanger.exchange(inputs)
-            self._count(exchanger.communicator.stats.bytes_sent - sent, dense)
+            sent = session.communicator.stats.bytes_sent
+            averaged = session.exchange(inputs)
+            self._count(session.communicator.stats.bytes_sent - sent, dense)
         for i in shared:
             grads[i] = _as_tf(averaged[names[i]])
         if scale_local_gradients and len(shared) < len(grads):
-            size = exchanger.communicator.size
+            size = session.communicator.size
             for i in set(range(len(grads))) - set(shared):
                 grads[i] = None if grads[i] is None else _scaled(grads[i], 1 / size)
         return grads
@@ -172,29 +165,29 @@ class GradientExchange:
             self._dense_in_python += dense
         else:
             self._sent_at_traces += sent
-            stood = tf.cast(self.exchanger.stood, tf.int64)  # a step left without trace is no step
+            stood = tf.cast(self.session.stood, tf.int64)  # a step left without trace is no step
             self._graph_counts.assign_add(tf.stack([tf.constant(sent, tf.int64), tf.constant(dense, tf.int64), stood]))
 
     def steps_run(self) -> int:
         """Steps run, eager or by traced graphs: the exchanger's step, advanced now by the steps
         traced graphs ran since (left as it is while a graph is built: Keras traces its saves)."""
-        exchanger = self.exchanger
+        session = self.session
         with tf.init_scope():
             ran = int(self._graph_counts[2].numpy()) if tf.executing_eagerly() else 0
             if ran:
-                exchanger.step += ran
+                session.step += ran
                 self._graph_counts.assign_sub(tf.constant([0, 0, ran], tf.int64))
-        return exchanger.step
+        return session.step
 
     def report(self) -> dict[str, Any]:
-        """What compression saved on this rank (:func:`hvdsketch.exchange.report.report_of`), every
+        """What compression saved on this rank (:meth:`hvdsketch.exchange.session.Session.report`), every
         step counted, eager or inside ``tf.function`` (a traced step counts the bytes its trace sent;
         where an allgather's size is known only at run time, equal shares)."""
         steps = self.steps_run()
         sent, dense, _ = (int(v) for v in self._graph_counts.numpy())
-        exchanger = self.exchanger
-        return report_of(exchanger, self._dense_in_python + dense,
-                         sent=exchanger.communicator.stats.bytes_sent - self._sent_at_traces + sent, steps=steps)
+        return self.session.report(self._dense_in_python + dense,
+                                   sent=self.session.communicator.stats.bytes_sent - self._sent_at_traces + sent,
+                                   steps=steps)
 
     def keeps_python_state(self) -> bool:
         """Whether the exchange keeps state between steps that a traced graph cannot hold: a compressor
@@ -203,9 +196,7 @@ class GradientExchange:
         on the host between its rounds), residual memory other than ``fp32`` (or planned); and under
         Horovod elastic every exchange, since a graph would keep the world size it was traced in.
         Residuals, PowerSGD's ``Q`` and the other fixed-shape state a graph holds in variables."""
-        exchanger = self.exchanger
-        return checkpoint.in_elastic_job() or (exchanger.memory is not None and not exchanger.memory.traceable()) or (
-            not all(c.traceable() for c in exchanger.policy.compressors().values()))
+        return in_elastic_job() or not self.session.traceable()
 
     def _in_python(self, grads: dict[str, Any], begin: Callable[[], None], dense: int) -> dict[str, tf.Tensor]:
         """Inside ``tf.function``, for an exchange that :meth:`keeps_python_state`: the exchange runs in
@@ -216,22 +207,22 @@ class GradientExchange:
         the order they were made, so the starts are made in the order backward computes the
         gradients, the last variable's first: the runtime starts each as soon as its gradient exists.
         ``begin()`` (the ranks' agreement where a world begins) runs at each step's first start."""
-        exchanger = self.exchanger
+        session = self.session
 
         def abandoning(run: Callable[..., Any]) -> Callable[..., Any]:
             def guarded(*args: Any) -> Any:
                 try:
                     return run(*args)
                 except BaseException:
-                    exchanger.abandon()  # no flight of a broken step is left for the next one
+                    session.abandon()  # no flight of a broken step is left for the next one
                     raise
             return guarded
 
         def start(name: str, like: Any) -> Callable[..., tf.Tensor]:
             def run(*flat: tf.Tensor) -> tf.Tensor:
-                if not exchanger.in_flight:
+                if not session.in_flight:
                     begin()
-                exchanger.start(name, _as_hvdsketch(tf.nest.pack_sequence_as(like, list(flat), expand_composites=True)))
+                session.start(name, _as_hvdsketch(tf.nest.pack_sequence_as(like, list(flat), expand_composites=True)))
                 return tf.constant(True)
             return abandoning(run)
 
@@ -241,7 +232,7 @@ class GradientExchange:
 
         @abandoning
         def finish(*_: tf.Tensor) -> list[tf.Tensor]:
-            averaged = exchanger.finish()
+            averaged = session.finish()
             self._count(0, dense)  # eagerly: the communicator counted what was sent
             return [tf.convert_to_tensor(_as_tf(averaged[name])) for name in grads]
 
@@ -254,50 +245,48 @@ class GradientExchange:
 
     def gather(self) -> dict[str, Any] | None:
         """Every rank's state in one checkpoint (collective; ``None`` outside the process set)."""
-        if not self.exchanger.communicator.process_set.included():
+        if not self.session.communicator.process_set.included():
             return None
         self.steps_run()  # the steps traced graphs ran count in the checkpoint
         with tf.init_scope():
-            return checkpoint.gather(self.exchanger, tf_ops)
+            return self.session.gather()
 
     def load(self, saved: Mapping[str, Any] | None, reset_on_change: bool = False) -> None:
         """This rank's entry of :meth:`gather`'s checkpoint (see
         :func:`hvdsketch.exchange.checkpoint.resolve` for another world or setup)."""
-        if saved is None or not self.exchanger.communicator.process_set.included():
+        if saved is None or not self.session.communicator.process_set.included():
             return
-        states = checkpoint.resolve(saved, self.exchanger, reset_on_change)
-        self.load_local_state(states[self.exchanger.communicator.rank])
+        states = self.session.resolve(saved, reset_on_change)
+        self.load_local_state(states[self.session.communicator.rank])
 
     def local_state(self) -> dict[str, Any]:
         """A copy of this rank's state alone (no communication): what Horovod elastic commits."""
         self.steps_run()  # the steps traced graphs ran count in it
-        return copy.deepcopy(self.exchanger.state_dict())
+        return copy.deepcopy(self.session.state_dict())
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`local_state` (or a rank's entry of a checkpoint), forgetting any step
         broken off."""
-        self.exchanger.abandon()
+        self.session.abandon()
         with tf.init_scope():
-            self.exchanger.load_state_dict(copy.deepcopy(state), _tensor)
+            self.session.load_state_dict(copy.deepcopy(state), _tensor)
 
     def _decide_if_traced(self, inputs: dict[str, Any], shapes: list[tuple[int, ...]], present: list[int]) -> None:
         """A graph keeps its compressors: a policy yet to decide decides now, on eager stand-ins."""
-        exchanger = self.exchanger
-        policy = exchanger.policy
-        if not (policy.pending and inputs and tf_ops.is_symbolic(values_of(next(iter(inputs.values()))))):
+        session = self.session
+        if not (session.policy.pending and inputs and tf_ops.is_symbolic(values_of(next(iter(inputs.values()))))):
             return
         with tf.init_scope():
-            contexts = [TensorContext(name, shapes[i], exchanger.step, exchanger.communicator.size,
-                                      exchanger.communicator.rank) for name, i in zip(inputs, present)]
-            policy.end_step([(_stand_in(g, ctx.shape), ctx) for g, ctx in zip(inputs.values(), contexts)],
-                            exchanger.communicator, traced=True)
+            contexts = [TensorContext(name, shapes[i], session.step, session.communicator.size,
+                                      session.communicator.rank) for name, i in zip(inputs, present)]
+            session.decide([(_stand_in(g, ctx.shape), ctx) for g, ctx in zip(inputs.values(), contexts)])
 
 
 def _described(sources: Sequence[Any], names: list[str], shapes: list[tuple[int, ...]],
-               shared: list[int]) -> list[agreement.Tensor]:
+               shared: list[int]) -> list[Tensor]:
     """The sources as the ranks compare them where a world begins: dtypes too, and which are local."""
     exchanged = set(shared)
-    return [agreement.Tensor(names[i], shapes[i], source.dtype.name,
+    return [Tensor(names[i], shapes[i], source.dtype.name,
                              "" if i in exchanged else "a local source: register_local_source / register_local_var")
             for i, source in enumerate(sources)]
 

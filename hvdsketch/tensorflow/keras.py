@@ -32,7 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvdsketch.policy.flag import unwrapped
+from hvdsketch.exchange.session import unwrapped
 from hvdsketch.tensorflow.arguments import groups_of, reduction_of
 from hvdsketch.tensorflow.gradients import GradientExchange, gradient_exchange
 from hvdsketch.tensorflow.state import ExchangeState

@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from hvdsketch.exchange import checkpoint
+from hvdsketch.exchange.session import ALONE
 from hvdsketch.tensorflow.gradients import GradientExchange, on_new_tape, tape_exchanges
 
 #: The version of the saved value's layout: ``{"format": 1, "exchanges": [checkpoint, ...]}``.
@@ -78,10 +78,10 @@ class ExchangeState(tf.train.experimental.PythonState):
         if self._gathered is not None and self._gathered[0] == [x.steps_run() for x in exchanges]:
             saved = self._gathered[1]
         else:  # a save on this rank alone: no collective
-            saved = [checkpoint.alone(x.exchanger) for x in exchanges]
+            saved = [x.session.alone() for x in exchanges]
             if exchanges:
                 warnings.warn(f"hvdsketch: this checkpoint carries no rank's error-feedback residuals or compressors' "
-                              f"state, which will start afresh when it is restored; {checkpoint.ALONE}", stacklevel=2)
+                              f"state, which will start afresh when it is restored; {ALONE}", stacklevel=2)
         return pickle.dumps({"format": FORMAT, "exchanges": saved}, protocol=pickle.HIGHEST_PROTOCOL)
 
     def deserialize(self, string_value: bytes) -> None:

@@ -30,8 +30,7 @@ from typing import Any, Mapping
 import tensorflow as tf
 
 from hvdsketch.compress import Compressor
-from hvdsketch.policy import Policy
-from hvdsketch.policy.flag import unwrapped
+from hvdsketch.exchange.session import Policy, unwrapped
 from hvdsketch.tensorflow.arguments import adasum_refusal, groups_of, reduction_of
 from hvdsketch.tensorflow.gradients import GradientExchange, gradient_exchange
 
@@ -42,7 +41,7 @@ class _DistributedGradientTape(tf.GradientTape):
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
         self._exchange = exchange
-        self._exchanger = exchange.exchanger
+        self._session = exchange.session
         self._groups = groups
         self.scale_local_gradients = scale_local_gradients
         self._local_sources: set[Any] = set()

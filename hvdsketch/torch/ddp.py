@@ -55,13 +55,10 @@ import torch
 import torch.distributed as dist
 
 from hvdsketch.collectives.torchdist import TorchDistCommunicator
-from hvdsketch.exchange import agreement, checkpoint
-from hvdsketch.exchange.assembly import assemble
-from hvdsketch.exchange.report import report_of
+from hvdsketch.exchange.session import Session, Tensor
 from hvdsketch.ops import torch as torch_ops
-from hvdsketch.torch import saved
+from hvdsketch.torch import convert, saved
 from hvdsketch.torch.ddp_param import ParameterSteps
-from hvdsketch.torch.optimizer import _as_hvdsketch, _as_torch, _named, _sparse_layout
 
 __all__ = ["ExchangeState", "exchange_hook"]
 
@@ -77,8 +74,8 @@ class _Bucket:
 
 
 class ExchangeState:
-    """The state of :func:`exchange_hook` for one DDP model: its exchanger (compressors, residual
-    memory, policy, step) and this step's buckets.
+    """The state of :func:`exchange_hook` for one DDP model: its :class:`~hvdsketch.exchange.session.Session`
+    (compressors, residual memory, policy, step) and this step's buckets.
 
     Args:
         model: the ``DistributedDataParallel`` model (its module's parameter names are used), a
@@ -118,7 +115,7 @@ class ExchangeState:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             ignored = set(getattr(model, "parameters_to_ignore", ()))
             model = model.module
-        named = _named(model.named_parameters() if isinstance(model, torch.nn.Module) else model)
+        named = convert.named(model.named_parameters() if isinstance(model, torch.nn.Module) else model)
         if len({name for name, _ in named}) != len(named):
             raise ValueError("hvdsketch: named_parameters must name each parameter once, with unique names")
         if not isinstance(sparse_as_dense, bool):
@@ -128,8 +125,8 @@ class ExchangeState:
         #: What DDP reduces every step: every bucket's parameter names (until a step shows them).
         self._reduced = {name for name, p in named if p.requires_grad and name not in ignored}
         self.communicator = _communicator(collectives, process_group)
-        self.exchanger = assemble(compression, memory, self.communicator, sparse_as_dense=sparse_as_dense,
-                                  prefix=prefix, error_if_nonfinite=error_if_nonfinite)
+        self.session = Session(compression, memory, self.communicator, torch_ops, sparse_as_dense=sparse_as_dense,
+                               prefix=prefix, error_if_nonfinite=error_if_nonfinite)
         self._buckets: list[_Bucket] = []  # this step's, until its last bucket
         self._given: set[str] = set()  # the names of this step's buckets so far
         self._layout: list[tuple[str, ...]] = []  # the last step's buckets, by names
@@ -177,8 +174,8 @@ class ExchangeState:
 
     def _begin(self, layout: list[tuple[str, ...]]) -> None:
         """A step's first start: the ranks' agreement where a world begins, the launch order."""
-        checkpoint.begin(self.exchanger, self._described, torch_ops)
-        self.exchanger.expect([name for names in layout for name in names])
+        self.session.begin(self._described)
+        self.session.expect([name for names in layout for name in names])
 
     def _start(self) -> None:
         """Start the exchanges of the buckets ready; their first rounds go out together, as DDP's
@@ -190,7 +187,7 @@ class ExchangeState:
             for names, gradients in ready:
                 for name in names:
                     gradient = gradients[name]
-                    self.exchanger.start(name, _as_hvdsketch(gradient), out=None if gradient.is_sparse else gradient)
+                    self.session.start(name, convert.as_hvdsketch(gradient), out=None if gradient.is_sparse else gradient)
 
     def _joins(self, layout: list[tuple[str, ...]]) -> list[bool]:
         """For each bucket of ``layout``, whether it waits for the next: whether DDP calls the next
@@ -221,19 +218,19 @@ class ExchangeState:
             for names in order:
                 self._ready.append((names, gradients))
                 self._start()
-        averaged = self.exchanger.finish()
+        averaged = self.session.finish()
         self._layout, self._joined = layout, self._joins(layout)
         self._reduced = {name for names in layout for name in names}
         for bucket in buckets:
             if bucket.buffer.is_sparse:
-                result = _as_torch(averaged[bucket.names[0]])
+                result = convert.as_torch(averaged[bucket.names[0]])
                 sparse_dim = bucket.buffer.sparse_dim()
                 if not (result.is_sparse and result.sparse_dim() == sparse_dim):
-                    result = _sparse_layout(result.to_dense() if result.is_sparse else result, sparse_dim)
+                    result = convert.sparse_layout(result.to_dense() if result.is_sparse else result, sparse_dim)
                 bucket.future.set_result(result)
             else:
                 for name, gradient in zip(bucket.names, bucket.gradients):
-                    result = _as_torch(averaged[name])
+                    result = convert.as_torch(averaged[name])
                     torch_ops.into(gradient, result.to_dense() if result.is_sparse else result)
                 bucket.future.set_result(bucket.buffer)
             self._bytes_dense += sum(torch_ops.nbytes(g) if not g.is_sparse else
@@ -247,10 +244,10 @@ class ExchangeState:
         for bucket in buckets:
             if not bucket.future.done():
                 bucket.future.set_exception(error)
-        self.exchanger.abandon()
+        self.session.abandon()
 
-    def _described(self) -> list[agreement.Tensor]:
-        return [agreement.Tensor(name, tuple(p.shape), torch_ops.dtype_name(p),
+    def _described(self) -> list[Tensor]:
+        return [Tensor(name, tuple(p.shape), torch_ops.dtype_name(p),
                                  "" if p.requires_grad else "requires_grad=False")
                 for p, name in self._names.items()]
 
@@ -262,7 +259,7 @@ class ExchangeState:
         if self._buckets:
             raise RuntimeError("hvdsketch: a step is under way (DDP has called the hook for some buckets); "
                                "call state_dict() after backward")
-        return {"hvdsketch": saved.to_torch(checkpoint.gather(self.exchanger, torch_ops)),
+        return {"hvdsketch": saved.to_torch(self.session.gather()),
                 "buckets": [list(names) for names in self._layout]}
 
     def load_state_dict(self, state: Mapping[str, Any], reset_on_change: bool = False) -> None:
@@ -274,15 +271,14 @@ class ExchangeState:
         if "hvdsketch" not in state:
             raise ValueError("hvdsketch: the hook state has no 'hvdsketch' entry (one made by "
                              "ExchangeState.state_dict(), called on every rank)")
-        states = checkpoint.resolve(saved.to_numpy(state["hvdsketch"]), self.exchanger, reset_on_change)
+        states = self.session.resolve(saved.to_numpy(state["hvdsketch"]), reset_on_change)
         self._resumed = [tuple(names) for names in state.get("buckets", [])]
-        self.exchanger.load_state_dict(states[self.communicator.rank],
-                                       saved.converter({name: p.device for p, name in self._names.items()}))
+        self.session.load(states, saved.converter({name: p.device for p, name in self._names.items()}))
 
     def report(self) -> dict[str, Any]:
         """Bytes this rank sent (per collective and in total) against a dense ring allreduce, the
-        residuals kept and the policy's assignment (:func:`hvdsketch.exchange.report.report_of`)."""
-        return report_of(self.exchanger, self._bytes_dense)
+        residuals kept and the policy's assignment (:meth:`hvdsketch.exchange.session.Session.report`)."""
+        return self.session.report(self._bytes_dense)
 
 
 def _communicator(collectives: str, process_group: Any) -> Any:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from hvdsketch.ops import torch as torch_ops
-from hvdsketch.torch.optimizer import _as_torch
+from hvdsketch.torch.convert import as_torch
 
 #: What this form is, in errors.
 FORM = "DDP's per-parameter hook form (torch.compile with optimize_ddp='python_reducer')"
@@ -42,7 +42,7 @@ FORM = "DDP's per-parameter hook form (torch.compile with optimize_ddp='python_r
 
 class ParameterSteps:
     """The gradients of one step in DDP's per-parameter form, for ``state`` (the
-    :class:`~hvdsketch.torch.ddp.ExchangeState` that makes this, whose exchanger and steps it drives),
+    :class:`~hvdsketch.torch.ddp.ExchangeState` that makes this, whose session and steps it drives),
     until the step's last."""
 
     def __init__(self, state: Any) -> None:
@@ -78,12 +78,12 @@ class ParameterSteps:
             state._begin([order])
             state._ready.append((order, gradients))
             state._start()
-            averaged = state.exchanger.finish()
+            averaged = state.session.finish()
         except BaseException as error:
             state._abandon(error)
             raise
         for name, gradient in gradients.items():
-            result = _as_torch(averaged[name])
+            result = as_torch(averaged[name])
             torch_ops.into(gradient, result.to_dense() if result.is_sparse else result)
         state._bytes_dense += sum(torch_ops.nbytes(g) for g in gradients.values())
 

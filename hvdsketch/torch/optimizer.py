@@ -41,13 +41,10 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from hvdsketch.collectives.horovod import HorovodCommunicator
-from hvdsketch.compress import Compressor, RowSparse
-from hvdsketch.exchange import Exchanger, agreement, checkpoint
-from hvdsketch.exchange.report import report_of
-from hvdsketch.memory import Memory
+from hvdsketch.compress import Compressor
+from hvdsketch.exchange.session import Memory, Policy, Session, Tensor, create_policy
 from hvdsketch.ops import torch as torch_ops
-from hvdsketch.policy import Policy
-from hvdsketch.torch import saved
+from hvdsketch.torch import convert, saved
 
 
 class Distributed(abc.ABC):
@@ -56,11 +53,11 @@ class Distributed(abc.ABC):
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, names: dict[torch.Tensor, str], exchanger: Exchanger,
+    def __init__(self, params, names: dict[torch.Tensor, str], session: Session,
                  backward_passes_per_step: int, groups: list[tuple[torch.Tensor, ...]] | None) -> None:
         super(self.__class__, self).__init__(params)
         self._names = names
-        self._exchanger = exchanger
+        self._session = session
         self.backward_passes_per_step = backward_passes_per_step
         self._delay = {p: backward_passes_per_step for p in names}
         self._group_of = {p: group for group in groups or [] for p in group}
@@ -74,10 +71,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._requires_update = [p for p in names if p.requires_grad]
         self._loaded: list[dict[str, Any]] | None = None  # every rank's state from the last load, until a step
         self._torch_only = False
-        process_set = getattr(exchanger.communicator, "process_set", None)
+        process_set = getattr(session.communicator, "process_set", None)
         self._included = process_set is None or process_set.included()
         if self._included:  # as in Horovod, ranks outside the process set neither hook nor exchange
-            exchanger.expect([names[p] for p in reversed(self._requires_update)])  # backward: last layer first
+            session.expect([names[p] for p in reversed(self._requires_update)])  # backward: last layer first
             self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(p)) for p in self._requires_update]
 
     # -- Horovod's hook / synchronize pattern ------------------------------------------------------
@@ -115,19 +112,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._join()
         self._started.add(p)
         dense = not grad.is_sparse and grad is p.grad and grad.is_contiguous()
-        self._exchanger.start(self._names[p], _as_hvdsketch(grad), out=grad if dense else None)
+        self._session.start(self._names[p], convert.as_hvdsketch(grad), out=grad if dense else None)
 
     def _join(self, elastic: bool = False) -> None:
         """Where a world begins (the first step; the first after Horovod elastic changed the number
         of ranks; elastic's sync, ``elastic=True``), check with every rank that they agree
         (:func:`hvdsketch.exchange.checkpoint.begin`)."""
-        checkpoint.begin(self._exchanger, self._described, torch_ops, rejoin=elastic)
+        self._session.begin(self._described, rejoin=elastic)
 
-    def _described(self) -> list[agreement.Tensor]:
+    def _described(self) -> list[Tensor]:
         """The parameters as the ranks compare them where a world begins: their dtypes too, and which
         this rank exchanges (one left out on some rank only would leave the others waiting)."""
         exchanged = set(self._requires_update)
-        return [agreement.Tensor(n, tuple(p.shape), torch_ops.dtype_name(p),
+        return [Tensor(n, tuple(p.shape), torch_ops.dtype_name(p),
                                  "" if p in exchanged else "requires_grad=False when the optimizer was made")
                 for p, n in self._names.items()]
 
@@ -144,13 +141,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._start(p)
         if not self._started:
             self._join()
-        averaged = self._exchanger.finish()
+        averaged = self._session.finish()
         self._loaded = None
         for p in self._requires_update:
-            result = _as_torch(averaged[self._names[p]])
+            result = convert.as_torch(averaged[self._names[p]])
             if p in self._sparse:  # the layout autograd gives, whatever the compressor sent
                 same = result.is_sparse and result.sparse_dim() == self._sparse[p]
-                p.grad = result if same else _sparse_layout(result.to_dense(), self._sparse[p])
+                p.grad = result if same else convert.sparse_layout(result.to_dense(), self._sparse[p])
             elif p.grad is None:
                 p.grad = result.to_dense() if result.is_sparse else result
             else:  # into its own memory, as Horovod averages it (nothing where the exchange wrote it there)
@@ -179,7 +176,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
                               "optimizer.synchronize(): the averaged gradients are not exchanged again. Use "
                               "`with optimizer.skip_synchronize(): optimizer.step()` after synchronize().")
-            elif not self._backward and self._exchanger.step > 0:
+            elif not self._backward and self._session.step > 0:
                 warnings.warn("hvdsketch: optimizer.step() called again without a backward pass since the last "
                               "step: the gradients are already averaged, so they are not exchanged again (an "
                               "exchange would compress the average once more) and the wrapped optimizer steps "
@@ -190,7 +187,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._exchanger.in_flight:
+        if self._session.in_flight:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(): gradients are still being "
                                  "exchanged. Call step() (or synchronize()) first.")
@@ -225,7 +222,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         state = super(self.__class__, self).state_dict()
         if not self._torch_only:
-            state["hvdsketch"] = (saved.to_torch(checkpoint.gather(self._exchanger, torch_ops))
+            state["hvdsketch"] = (saved.to_torch(self._session.gather())
                                   if self._included else None)
         return state
 
@@ -242,12 +239,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         ours = saved.to_numpy(state_dict.pop("hvdsketch", None))
         if ours is not None and self._included:
-            states = checkpoint.resolve(ours, self._exchanger, reset_on_change)
+            states = self._session.resolve(ours, reset_on_change)
         super(self.__class__, self).load_state_dict(state_dict)
         self._delay = {p: self.backward_passes_per_step for p in self._delay}
         self._synchronized = False
         if ours is not None and self._included:
-            self._exchanger.load_state_dict(states[self._exchanger.communicator.rank], self._converter())
+            self._session.load(states, self._converter())
             self._loaded = states
 
     def _converter(self) -> Any:
@@ -269,13 +266,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _distribute(self, root_rank: int) -> None:
         """Every rank takes its own state from the checkpoint the root loaded (collective)."""
         if self._included:
-            state = checkpoint.broadcast(self._exchanger, self._loaded, root_rank, torch_ops)
+            state = self._session.broadcast(self._loaded, root_rank)
             if state is not None:
-                self._exchanger.load_state_dict(state, self._converter())
+                self._session.load_state_dict(state, self._converter())
 
     def _abandon(self) -> None:
         """Forget a step broken off by a failure: its exchanges never finish."""
-        self._exchanger.abandon()
+        self._session.abandon()
         self._started.clear()
         self._ready.clear()
         self._delay = {p: self.backward_passes_per_step for p in self._delay}
@@ -284,32 +281,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _local_state(self) -> dict[str, Any]:
         """A copy of this rank's state alone (no communication): what elastic commits."""
         return copy.deepcopy({"torch": super(self.__class__, self).state_dict(),
-                              "hvdsketch": self._exchanger.state_dict()})
+                              "hvdsketch": self._session.state_dict()})
 
     def _load_local_state(self, state: dict[str, Any]) -> None:
         self._abandon()
         state = copy.deepcopy(state)
         super(self.__class__, self).load_state_dict(state["torch"])
-        self._exchanger.load_state_dict(state["hvdsketch"], self._converter())
+        self._session.load_state_dict(state["hvdsketch"], self._converter())
 
     def report(self) -> dict[str, Any]:
         """Bytes this rank sent (per collective and in total) against a dense ring allreduce, the
-        residuals kept and the policy's assignment table (:func:`hvdsketch.exchange.report.report_of`)."""
-        return report_of(self._exchanger, self._bytes_dense)
+        residuals kept and the policy's assignment table (:meth:`hvdsketch.exchange.session.Session.report`)."""
+        return self._session.report(self._bytes_dense)
 
 
-def _as_hvdsketch(grad: torch.Tensor) -> Any:
-    if not grad.is_sparse:
-        return grad
-    grad = grad.coalesce()
-    return RowSparse(grad.indices()[0], grad.values(), tuple(grad.shape))
-
-
-def _as_torch(averaged: Any) -> torch.Tensor:
-    if isinstance(averaged, RowSparse):
-        return torch.sparse_coo_tensor(averaged.indices[None, :], averaged.values, averaged.dense_shape,
-                                       device=averaged.values.device, check_invariants=False)  # rows made here
-    return averaged
 
 
 def _groups(groups: Any, params: list[torch.Tensor], names: dict[torch.Tensor, str]) -> list[tuple] | None:
@@ -359,17 +344,6 @@ def _check_arguments(optimizer: Any, backward_passes_per_step: Any, gradient_pre
     if not isinstance(sparse_as_dense, bool):
         raise TypeError(f"hvdsketch: sparse_as_dense must be True or False, got {sparse_as_dense!r}")
 
-
-def _named(named_parameters: Any) -> list[tuple[str, torch.Tensor]] | None:
-    """``named_parameters`` as a list of (name, parameter) pairs, or a clear error."""
-    if named_parameters is None:
-        return None
-    named = list(named_parameters)
-    if not all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-               and isinstance(item[1], torch.Tensor) for item in named):
-        raise ValueError("hvdsketch: named_parameters must be (name, parameter) pairs, as model.named_parameters() "
-                         "gives (not model.parameters())")
-    return named
 
 
 def _communicator(collectives: str, hvd: Any, process_set: Any, predivide: float) -> Any:
@@ -459,9 +433,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     """
     import horovod.torch as hvd
 
-    from hvdsketch.memory import create as create_memory
     from hvdsketch.torch import elastic
-    from hvdsketch.policy import create as create_policy
 
     _check_arguments(optimizer, backward_passes_per_step, gradient_predivide_factor, sparse_as_dense)
     op = hvd.Average if op is None else op
@@ -482,7 +454,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                                         backward_passes_per_step=backward_passes_per_step, op=hvd.Adasum,
                                         sparse_as_dense=sparse_as_dense)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    named = _named(named_parameters)
+    named = convert.named(named_parameters)
     names = {id(p): name for name, p in named} if named is not None else {}
     if named is not None and (len(names) != len(params) or len({n for n, _ in named}) != len(named)
                               or not all(id(p) in names for p in params)):
@@ -490,21 +462,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          "with unique names")
     by_param = {p: names.get(id(p), f"param.{i}") for i, p in enumerate(params)}
     communicator = _communicator(collectives, hvd, process_set, gradient_predivide_factor)
-    exchanger = Exchanger(policy, communicator, None if memory is None else create_memory(memory),
-                          op="sum" if op == hvd.Sum else "average", sparse_as_dense=sparse_as_dense,
-                          error_if_nonfinite=error_if_nonfinite)
+    session = Session(policy, memory, communicator, torch_ops, op="sum" if op == hvd.Sum else "average",
+                      sparse_as_dense=sparse_as_dense, error_if_nonfinite=error_if_nonfinite)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     Distributed.register(cls)
     elastic.register(Distributed)
-    return cls(optimizer.param_groups, by_param, exchanger, backward_passes_per_step,
+    return cls(optimizer.param_groups, by_param, session, backward_passes_per_step,
                _groups(groups, [p for p in params if p.requires_grad], by_param))
-
-
-def _sparse_layout(dense: torch.Tensor, sparse_dim: int) -> torch.Tensor:
-    """``dense`` as a coalesced sparse tensor of ``sparse_dim`` sparse dimensions, its non-zero
-    slices as values (what ``Tensor.to_sparse(1)`` gives, in one pass over the rows)."""
-    if sparse_dim != 1:
-        return dense.to_sparse(sparse_dim)
-    rows = dense.reshape(dense.shape[0], -1).ne(0).any(1).nonzero().squeeze(1)
-    return torch.sparse_coo_tensor(rows.unsqueeze(0), dense.index_select(0, rows), dense.shape,
-                                   device=dense.device, is_coalesced=True, check_invariants=False)

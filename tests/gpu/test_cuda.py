@@ -19,7 +19,7 @@ import torch
 
 from hvdsketch.compress import RowSparse, TensorContext, create
 from hvdsketch.compress.support import values_of
-from hvdsketch.compress.flight import run_local
+from hvdsketch.exchange.flight import run_local
 from hvdsketch.lab.bench.compressors import gradient
 from hvdsketch.lab.cli import main
 from hvdsketch.memory import create as create_memory

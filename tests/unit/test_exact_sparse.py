@@ -8,7 +8,7 @@ import torch
 from hvdsketch.ops import numpy as np_ops
 
 from hvdsketch.compress import RowSparse, TensorContext, create
-from hvdsketch.compress.flight import Flight
+from hvdsketch.exchange.flight import Flight
 from hvdsketch.compress.state import StateTable
 from tests import exact_cases
 from tests.peer_cases import lockstep, reduce_in_process

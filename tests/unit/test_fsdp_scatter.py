@@ -9,7 +9,7 @@ import torch
 
 from hvdsketch.compress import TensorContext, create as create_allreduce
 from hvdsketch.compress import scatter
-from hvdsketch.compress.flight import Flight
+from hvdsketch.exchange.flight import Flight
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.policy.base import Fixed
 from hvdsketch.policy.scatter import ScatterAutoPolicy, create as create_policy

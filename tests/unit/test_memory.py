@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from hvdsketch.compress.flight import run_local
+from hvdsketch.exchange.flight import run_local
 from hvdsketch.memory import Memory, create, create_store
 from hvdsketch.memory.stores import Nothing
 from hvdsketch.ops import backend

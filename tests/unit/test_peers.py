@@ -16,7 +16,7 @@ from hvdsketch.compress import REGISTRY, TensorContext, create
 from hvdsketch.compress.powersgd import PowerSGD
 from hvdsketch.compress.topk import TopK
 from hvdsketch.dropin import DropInCompression
-from hvdsketch.compress.flight import Flight, run_local
+from hvdsketch.exchange.flight import Flight, run_local
 from hvdsketch.compress.state import StateTable
 from hvdsketch.memory import Memory
 from hvdsketch.ops import numpy as np_ops, tensorflow as tf_ops, torch as torch_ops

@@ -156,7 +156,7 @@ def test_auto_warms_up_a_row_sparse_gradient_by_allgather_and_the_rest_dense():
 def test_topk_takes_a_row_sparse_gradient_as_it_is(ratio):
     """The auto policy's top-k candidate on an embedding's gradient: chosen from its rows, never
     densified, the same exchange as on the dense tensor (all non-zeros when k exceeds them)."""
-    from hvdsketch.compress.flight import run_local
+    from hvdsketch.exchange.flight import run_local
 
     g = row_sparse(2000, 16, 0.02, seed=4)
     rows = np.flatnonzero(g.any(axis=1))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hvdsketch.compress import REGISTRY, TensorContext, create
-from hvdsketch.compress.flight import run_local
+from hvdsketch.exchange.flight import run_local
 from hvdsketch.compress.state import StateTable
 
 BACKENDS = {"numpy": (np.asarray, lambda a: a.ctypes.data), "torch": (torch.from_numpy, torch.Tensor.data_ptr)}

@@ -10,7 +10,7 @@ from hvdsketch.compress import RowSparse, TensorContext, create
 from hvdsketch.compress.hashing import P, HashFamily, KeyHash
 from hvdsketch.compress.sketch import median
 from hvdsketch.compress.support import Layout
-from hvdsketch.compress.flight import Flight
+from hvdsketch.exchange.flight import Flight
 from hvdsketch.compress.state import StateTable
 from hvdsketch.ops import numpy as np_ops, tensorflow as tf_ops, torch as torch_ops
 from tests.peer_cases import lockstep

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from hvdsketch.compress import RowSparse, TensorContext, create
 from hvdsketch.compress.sketch import SparseSketch
-from hvdsketch.compress.flight import Flight
+from hvdsketch.exchange.flight import Flight
 from hvdsketch.memory import Memory
 from tests.peer_cases import lockstep
 

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from hvdsketch.compress import TensorContext, create
-from hvdsketch.compress.flight import run_local
+from hvdsketch.exchange.flight import run_local
 from hvdsketch.compress.state import StateTable
 
 

@@ -6,7 +6,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")  # the pinned environment has it; the newest PyTorch's has not
 
 from hvdsketch.compress import TensorContext, create
-from hvdsketch.compress.flight import run_local
+from hvdsketch.exchange.flight import run_local
 from hvdsketch.compress.state import StateTable
 from hvdsketch.memory import create as create_memory
 

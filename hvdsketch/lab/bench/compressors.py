@@ -121,7 +121,7 @@ def measure(compressor: Any, tensor: Any, shape: tuple[int, ...], step: int, mem
     the tensor's state from ``states`` and back (a :class:`~hvdsketch.compress.state.StateTable`)."""
     from hvdsketch.compress import TensorContext
     from hvdsketch.compress.support import values_of
-    from hvdsketch.compress.flight import Flight
+    from hvdsketch.exchange.flight import Flight
 
     ops = backend_of(tensor)
     ops.synchronize(values_of(tensor))

@@ -1,10 +1,10 @@
-"""hvdsketch's reduction of one FSDP2 model's gradients: its exchangers and each step's way through them.
+"""hvdsketch's reduction of one FSDP2 model's gradients: its sessions and each step's way through them.
 
 A step is one backward. Its first reduce-scatter begins it (the ranks' agreement where a world
 begins, and a callback queued for the end of backward); each FSDP module's reduce-scatter is one
 exchange, started and completed in the call, since FSDP reads its block when the call returns; the
 end of backward ends the step (the exchanger's checks on every result, the policy's decisions). With
-HSDP each module's block is then averaged across the replicas by a second exchanger in FSDP's
+HSDP each module's block is then averaged across the replicas by a second session in FSDP's
 all-reduce hook, in the same step.
 """
 from __future__ import annotations
@@ -20,10 +20,7 @@ import torch.distributed as dist
 from hvdsketch import spec as _spec
 from hvdsketch.collectives.stats import reduce_scatter_bytes
 from hvdsketch.collectives.torchdist import TorchDistCommunicator
-from hvdsketch.exchange import agreement, checkpoint
-from hvdsketch.exchange.assembly import assemble
-from hvdsketch.exchange.exchanger import Exchanger
-from hvdsketch.exchange.report import report_of
+from hvdsketch.exchange.session import Session, StateReset, Tensor, afresh, verify
 from hvdsketch.ops import torch as torch_ops
 from hvdsketch.torch.fsdp import checkpoint as fsdp_checkpoint
 from hvdsketch.torch.fsdp import modules
@@ -40,7 +37,7 @@ class FSDPReduction:
     :func:`hvdsketch.torch.fsdp.compress` returns (see :mod:`hvdsketch.torch.fsdp`).
 
     Attributes:
-        exchanger: the reduce-scatter's, over FSDP's shard group.
+        session: the reduce-scatter's :class:`~hvdsketch.exchange.session.Session`, over FSDP's shard group.
         replica: the replica all-reduce's (HSDP), or ``None``.
         shards: each FSDP module's reduce-scatter, by module name.
     """
@@ -64,7 +61,7 @@ class FSDPReduction:
         self.communicator = TorchDistCommunicator(next(iter(groups.values()), None))
         replicas = _replica_group(replicate)
         # before anything that may raise on some ranks only: every rank checks the others' setup
-        agreement.verify(self.communicator, {
+        verify(self.communicator, {
             "pytorch": torch.__version__, "fsdp2": missing or str(problem or "ok"),
             "compression": _flag(compression), "memory": str(memory),
             "replicate": "none" if replicas is None else f"{dist.get_world_size(replicas)} replicas",
@@ -86,12 +83,12 @@ class FSDPReduction:
                 raise ValueError(f"hvdsketch: FSDP module {shard.name!r} is sharded over a 2-D mesh (native HSDP), "
                                  f"whose all-reduce FSDP runs itself; {HSDP}")
         self.shards = {s.name: s for s in found}
-        self.exchanger = assemble(compression, memory, self.communicator, scatter=True, prefix=prefix,
-                                  error_if_nonfinite=error_if_nonfinite)
-        self.replica: Exchanger | None = None
+        self.session = Session(compression, memory, self.communicator, torch_ops, scatter=True, prefix=prefix,
+                               error_if_nonfinite=error_if_nonfinite)
+        self.replica: Session | None = None
         if replicas is not None:
-            self.replica = assemble(replicate_compression, replicate_memory, TorchDistCommunicator(replicas),
-                                    prefix=f"{prefix}.replica", error_if_nonfinite=error_if_nonfinite)
+            self.replica = Session(replicate_compression, replicate_memory, TorchDistCommunicator(replicas),
+                                   torch_ops, prefix=f"{prefix}.replica", error_if_nonfinite=error_if_nonfinite)
         self._open = False  # a step (a backward) is under way
         self._replicated = False  # this step's replica exchanges have begun
         self._deferred = False  # this step ends at the end of backward, not with its call
@@ -110,7 +107,7 @@ class FSDPReduction:
         self._check_call(shard, input, group, op)
         self._begin()
         try:
-            self._run(self.exchanger, shard.name, input.view(shard.shape), output.view(shard.block))
+            self._run(self.session, shard.name, input.view(shard.shape), output.view(shard.block))
         except BaseException:
             self._abandon()
             raise
@@ -121,7 +118,7 @@ class FSDPReduction:
     def all_reduce(self, shard: Shard, block: torch.Tensor) -> None:
         """``block`` averaged across the replicas, in place (HSDP)."""
         if not self._replicated:
-            checkpoint.begin(self.replica, lambda: self._described(self.replica), torch_ops)
+            self.replica.begin(lambda: self._described(self.replica))
             self._replicated = True
         try:
             self._run(self.replica, shard.name, block.view(shard.block), block.view(shard.block))
@@ -130,10 +127,10 @@ class FSDPReduction:
             raise
 
     @staticmethod
-    def _run(exchanger: Exchanger, name: str, tensor: torch.Tensor, out: torch.Tensor) -> None:
+    def _run(session: Session, name: str, tensor: torch.Tensor, out: torch.Tensor) -> None:
         """Exchange ``tensor`` as ``name``, its result written into ``out`` (FSDP's memory)."""
-        exchanger.start(name, tensor, out=out)
-        result = exchanger.complete(name)
+        session.start(name, tensor, out=out)
+        result = session.complete(name)
         if not torch_ops.same_memory(result, out):
             out.copy_(result)
 
@@ -159,7 +156,7 @@ class FSDPReduction:
         step queued for the end of backward (ended with this call where it is made outside backward)."""
         if self._open:
             return
-        checkpoint.begin(self.exchanger, lambda: self._described(self.exchanger), torch_ops)
+        self.session.begin(lambda: self._described(self.session))
         self._open = True
         try:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_step)
@@ -168,13 +165,13 @@ class FSDPReduction:
             self._deferred = False
 
     def _end_step(self) -> None:
-        """End of backward: every exchanger ends its step (checks, casts, the policy's decisions)."""
+        """End of backward: every session ends its step (checks, casts, the policy's decisions)."""
         if not self._open:
             return
         self._open = False
         replicated, self._replicated = self._replicated, False
         try:
-            self.exchanger.finish()
+            self.session.finish()
             if replicated:
                 self.replica.finish()
         except BaseException:
@@ -183,13 +180,13 @@ class FSDPReduction:
 
     def _abandon(self) -> None:
         self._open = self._replicated = False
-        for exchanger in (self.exchanger, self.replica):
-            if exchanger is not None:
-                exchanger.abandon()
+        for session in (self.session, self.replica):
+            if session is not None:
+                session.abandon()
 
-    def _described(self, exchanger: Exchanger) -> list[agreement.Tensor]:
-        replica = exchanger is self.replica
-        return [agreement.Tensor(s.name, s.block if replica else s.shape, s.dtype)
+    def _described(self, session: Session) -> list[Tensor]:
+        replica = session is self.replica
+        return [Tensor(s.name, s.block if replica else s.shape, s.dtype)
                 for s in self.shards.values()]
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -201,7 +198,7 @@ class FSDPReduction:
         if self._open:
             raise RuntimeError("hvdsketch: a step is under way (FSDP has reduce-scattered some modules); "
                                "call state_dict() after backward")
-        states = {"reduce_scatter": self.exchanger.state_dict(),
+        states = {"reduce_scatter": self.session.state_dict(),
                   "replica": None if self.replica is None else self.replica.state_dict()}
         return {"world": self.communicator.size, "setup": self._setup(),
                 fsdp_checkpoint.key(self.communicator.rank): fsdp_checkpoint.pack(states)}
@@ -228,15 +225,15 @@ class FSDPReduction:
             raise ValueError(f"hvdsketch: the checkpoint holds no state of rank {rank} (load it on every rank, each "
                              f"its own entry, as torch.distributed.checkpoint does)")
         states = fsdp_checkpoint.unpack(state[entry])
-        for exchanger, saved in ((self.exchanger, states["reduce_scatter"]), (self.replica, states["replica"])):
-            if exchanger is None:
+        for session, saved in ((self.session, states["reduce_scatter"]), (self.replica, states["replica"])):
+            if session is None:
                 continue
             if changed:
-                saved = {**checkpoint.afresh(saved, keep_setup=state["setup"] == self._setup()), "world": size}
+                saved = {**afresh(saved, keep_setup=state["setup"] == self._setup()), "world": size}
                 if rank == 0:
-                    warnings.warn(checkpoint.StateReset(f"hvdsketch: the checkpoint was made with {changed}: the "
-                                                        f"residuals and compressors' state start afresh"), stacklevel=2)
-            exchanger.load_state_dict(saved, self._tensor)
+                    warnings.warn(StateReset(f"hvdsketch: the checkpoint was made with {changed}: the "
+                                             f"residuals and compressors' state start afresh"), stacklevel=2)
+            session.load_state_dict(saved, self._tensor)
 
     def _tensor(self, name: str, array: np.ndarray) -> torch.Tensor:
         """A checkpoint's array of tensor ``name``, on the device of that module's gradients."""
@@ -246,7 +243,7 @@ class FSDPReduction:
 
     def _setup(self) -> str:
         replica = "" if self.replica is None else f"; replica {self.replica.policy} memory {self.replica.memory}"
-        return f"compression {self.exchanger.policy} memory {self.exchanger.memory}{replica}"
+        return f"compression {self.session.policy} memory {self.session.memory}{replica}"
 
     # -- reports ----------------------------------------------------------------------------------
 
@@ -254,14 +251,14 @@ class FSDPReduction:
         """Bytes this rank sent in the reduce-scatters (per collective, in total) against FSDP's own
         reduce-scatter of the same gradients (``bytes_dense_reduce_scatter``), the residuals kept and
         the policy's choice per module; with HSDP, the replica all-reduce's under ``"replica"``."""
-        report = report_of(self.exchanger, self._bytes_dense)
+        report = self.session.report(self._bytes_dense)
         dense = reduce_scatter_bytes(self._bytes_dense, self.communicator.size)
         del report["bytes_dense_allreduce"]
         report.update(bytes_dense_reduce_scatter=dense,
                       ratio=dense / report["bytes_sent"] if report["bytes_sent"] else math.nan)
         if self.replica is not None:
             blocks = self._bytes_dense // self.communicator.size
-            report["replica"] = report_of(self.replica, blocks)
+            report["replica"] = self.replica.report(blocks)
         return report
 
 

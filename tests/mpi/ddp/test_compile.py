@@ -191,5 +191,5 @@ def test_no_sync_accumulates_as_in_the_bucket_form():
             loss(wrapped, data[first + 2]).backward()
             optimizer.step()
         results.append(flat(module))
-        assert state.exchanger.step == 2
+        assert state.session.step == 2
     assert_as_buckets_sum(results[1], results[0])

@@ -88,7 +88,7 @@ def test_no_sync_accumulates_as_ddp_does():
             optimizer.step()
         results.append(flat(module))
         if state is not None:
-            assert state.exchanger.step == 2  # one exchange per synchronized backward
+            assert state.session.step == 2  # one exchange per synchronized backward
     assert torch.equal(results[0], results[1])
 
 

@@ -26,14 +26,14 @@ def scaled(compression, memory=None):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", NonfiniteStep)
         for k, batch in enumerate(batches(STEPS)):
-            before = state.exchanger.state_dict() if state is not None and k in OVERFLOWS else None
+            before = state.session.state_dict() if state is not None and k in OVERFLOWS else None
             optimizer.zero_grad()
             blown = float("inf") if k in OVERFLOWS and dist.get_rank() == 0 else 1.0
             scaler.scale(loss(wrapped, batch) * blown).backward()
             scaler.step(optimizer)  # skipped where the averaged gradients are not finite
             scaler.update()
             if before is not None:
-                around.append((before, state.exchanger.state_dict()))
+                around.append((before, state.session.state_dict()))
     return module, scaler.get_scale(), around, [w for w in seen if issubclass(w.category, NonfiniteStep)]
 
 
@@ -76,7 +76,7 @@ def test_finite_gradients_near_float32s_limit_are_never_made_nan(compression, ov
     small = torch.rand(40, generator=generator)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", NonfiniteStep)
-        results = state.exchanger.exchange({"big": big.clone(), "small": small.clone()})
+        results = state.session.exchange({"big": big.clone(), "small": small.clone()})
     assert torch.isfinite(results["big"]).all() and torch.isfinite(results["small"]).all()
     said = [[str(w.message) for w in seen]]
     dist.broadcast_object_list(said, src=0)
@@ -86,4 +86,4 @@ def test_finite_gradients_near_float32s_limit_are_never_made_nan(compression, ov
         dense = big.clone()
         dist.all_reduce(dense)
         assert torch.equal(results["big"], dense / world)
-    assert state.exchanger.step == 1
+    assert state.session.step == 1

@@ -50,7 +50,7 @@ def test_a_rank0_file_resumes_every_rank_bit_for_bit(compression, memory, tmp_pa
     straight, state = run(compression, memory, data, path, save=3)
     assert state.report()["steps"] == 6
     resumed, state = run(compression, memory, data[3:], path, load=True)
-    assert state.exchanger.step == 6
+    assert state.session.step == 6
     assert torch.equal(resumed, straight)
     afresh, _ = run(compression, memory, data[3:], path, load="model")
     assert not torch.equal(afresh, straight)  # the hook's state is what makes it exact
@@ -64,7 +64,7 @@ def test_another_setup_is_a_clear_error_or_an_opted_in_reset(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         resumed, state = run("topk:ratio=0.3", "fp32", data[2:], path, load=True, reset_on_change=True)
-    assert state.exchanger.step == 3
+    assert state.session.step == 3
     assert any(issubclass(w.category, StateReset) for w in caught) == (dist.get_rank() == 0)
 
 

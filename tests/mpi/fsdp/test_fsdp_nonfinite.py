@@ -36,12 +36,12 @@ def test_an_inf_average_is_handed_back_and_the_state_is_as_before(compression):
         warnings.simplefilter("always", NonfiniteStep)
         for k, batch in enumerate(batches(4)):
             optimizer.zero_grad()
-            before = reduction.exchanger.state_dict() if k == 1 else None
+            before = reduction.session.state_dict() if k == 1 else None
             blown(module, batch, k, overflow=1)
             finite = all(torch.isfinite(p.grad.to_local()).all() for p in module.parameters())
             skipped.append(not finite)
             if before is not None:
-                assert_same_state(before, reduction.exchanger.state_dict())
+                assert_same_state(before, reduction.session.state_dict())
             if finite:
                 optimizer.step()
     assert skipped == [False, True, False, False]

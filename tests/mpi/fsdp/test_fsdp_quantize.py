@@ -6,8 +6,9 @@ import torch
 import torch.distributed as dist
 
 from hvdsketch.collectives.torchdist import TorchDistCommunicator
-from hvdsketch.exchange.assembly import assemble
+from hvdsketch.exchange.session import Session
 from hvdsketch.memory import create as create_memory
+from hvdsketch.ops import torch as torch_ops
 from tests.mpi.fsdp.cases import adam, batches, local, loss, model, sharded, step
 
 ROWS, WIDTH = 10, 24  # each rank's block: 240 elements, runs of 64 with a ragged last one
@@ -15,7 +16,7 @@ ROWS, WIDTH = 10, 24  # each rank's block: 240 elements, runs of 64 with a ragge
 
 def exchanger(flag: str) -> tuple:
     memory = create_memory("fp32")
-    return assemble(flag, memory, TorchDistCommunicator(), scatter=True, prefix=f"test.{flag}"), memory
+    return Session(flag, memory, TorchDistCommunicator(), torch_ops, scatter=True, prefix=f"test.{flag}"), memory
 
 
 def inputs() -> torch.Tensor:

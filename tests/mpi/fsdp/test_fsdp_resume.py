@@ -59,7 +59,7 @@ def trained(compression: str, memory: str | None, data: list, resume_at: int, ho
     module, reduction = sharded(model(seed=1), compression, memory=memory)  # other weights: the load sets them
     optimizer = adam(module)
     load(module, optimizer, reduction, path, how)
-    assert reduction.exchanger.step == resume_at
+    assert reduction.session.step == resume_at
     for batch in data[resume_at:]:
         step(module, optimizer, batch)
     return uninterrupted, local(module)
@@ -84,4 +84,4 @@ def test_a_checkpoint_of_another_setup_is_a_clear_error_or_a_reset():
     with pytest.raises(ValueError, match="made with setup 'compression quantize memory None'"):
         fresh.load_state_dict(saved)
     fresh.load_state_dict(saved, reset_on_change=True)
-    assert fresh.exchanger.step == 1 and fresh.report()["residual_bytes"] == 0
+    assert fresh.session.step == 1 and fresh.report()["residual_bytes"] == 0

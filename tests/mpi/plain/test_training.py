@@ -49,7 +49,7 @@ def train(comm, compression: str, memory: str | None = None) -> torch.Tensor:
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(tokens, rank), target).backward()
         optimizer.step()
-    optimizer._exchanger.communicator.free()
+    optimizer._session.communicator.free()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 

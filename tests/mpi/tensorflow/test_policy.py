@@ -77,8 +77,8 @@ def test_flag_string_names_one_policy_across_tapes(hvd):
     model, batches = model_and_data(hvd)
     run(model, batches[:2], "auto:warmup=1,bandwidth=100gbit,latency=1us", graph=False)
     tape = DistributedGradientTape(tf.GradientTape(), compression="auto:warmup=1,bandwidth=100gbit,latency=1us")
-    assert not tape._exchanger.policy.pending  # the warm-up of the earlier tapes counted
+    assert not tape._session.policy.pending  # the warm-up of the earlier tapes counted
     again = DistributedGradientTape(tf.GradientTape(), compression="auto:warmup=1,bandwidth=100gbit,latency=1us")
-    assert again._exchanger.policy is tape._exchanger.policy  # one policy, its decisions kept
-    table = tape._exchanger.policy.assignment
+    assert again._session.policy is tape._session.policy  # one policy, its decisions kept
+    table = tape._session.policy.assignment
     assert table is not None and agreed(hvd, repr([(r.tensor, r.compressor) for r in table]))

@@ -70,13 +70,13 @@ def test_each_exchange_starts_from_its_hook_before_backward_ends(hvd):
     model = Net()
     optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
     seen = []
-    model.first.weight.register_hook(lambda grad: seen.append(set(optimizer._exchanger.in_flight)))
+    model.first.weight.register_hook(lambda grad: seen.append(set(optimizer._session.in_flight)))
     tokens, labels = batch(hvd.rank(), 0)
     torch.nn.functional.cross_entropy(model(tokens), labels).backward()
     assert {"last.weight", "last.bias", "second.weight"} <= seen[0]
     assert "first.weight" not in seen[0] and "embedding.weight" not in seen[0]
     optimizer.step()
-    assert optimizer._exchanger.in_flight == []
+    assert optimizer._session.in_flight == []
 
 
 def layers(model: Net) -> list:

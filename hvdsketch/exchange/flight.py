@@ -1,31 +1,24 @@
 """One tensor's exchange, driven round by round; error feedback happens here and nowhere else.
 
-A :class:`Flight` takes a gradient, lets the compressor prepare it, adds the
-residual the memory holds (``g + e``), and steps the compressor's round
-generator: each :class:`~hvdsketch.compress.Round` of messages goes out, and its
-reduction comes back in. When the round that settles what this rank sends has
-started, the memory keeps what its messages leave out (``e = g + e - C(g + e)``),
-computed while the collective travels. When the exchange ends, ``state`` is the
-tensor's next state record, which goes back to the driver's
-:class:`~hvdsketch.compress.state.StateTable` (or is dropped: a probe), or, from a
-graph being traced, into the memory the table holds it in.
-Everything that drives exchanges (the
-exchanger of the optimizers and the tape, Horovod's drop-in path, the planner's
-warm-up, the cost model and the benchmarks) drives them through a flight.
+A :class:`Flight` lets the compressor prepare the gradient, adds the residual the memory holds
+(``g + e``) and steps the compressor's round generator: each :class:`~hvdsketch.compress.Round` of
+messages goes out and its reduction comes back in. Once the round that settles what this rank sends
+has started, the memory keeps what its messages leave out (``e = g + e - C(g + e)``). When the
+exchange ends, the tensor's next state record goes back to the driver's
+:class:`~hvdsketch.compress.state.StateTable`. The cost model, which keeps no residual, times
+compressors with :func:`hvdsketch.compress.local.run_alone` instead.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from hvdsketch.compress.base import Compressor, Message, Round, TensorContext
 from hvdsketch.compress.state import StateTable
 from hvdsketch.compress.support import RowSparse, values_of
+from hvdsketch.memory.residual import Memory
 from hvdsketch.ops import backend
-
-if TYPE_CHECKING:  # memory/ builds on compress/: imported for the annotation only
-    from hvdsketch.memory.residual import Memory
 
 
 class Flight:
@@ -95,7 +88,6 @@ class Flight:
                 self._states.put(self.ctx.name, self.compressor, self.state, traced=self._traced)
         self.seconds += time.perf_counter() - began
         return self.done
-
 
     def rewind(self) -> None:
         """Put back in the table the record this exchange started from, as if it had not run (an
