@@ -51,8 +51,7 @@ class Allgather(Compressor):
     Options (flag ``allgather:key=value,...``):
       wire     values travel as float16, bfloat16 or float32 (default: the tensor's dtype, exact)
       block    elements per unit for vectors (default 256)
-      recheck  a tensor found cheaper dense is sent dense this many exchanges before it is counted
-               again (default 16)
+      recheck  exchanges a tensor found cheaper dense is sent dense before it is counted again (default 16)
     """
 
     name: ClassVar[str] = "allgather"

@@ -1,4 +1,4 @@
-"""QSGD: stochastic quantization to s levels of |v| / ||v||_2 (Alistarh et al., NeurIPS 2017)."""
+"""QSGD: stochastic quantization to s levels of ``|v| / ||v||_2`` (Alistarh et al., NeurIPS 2017)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

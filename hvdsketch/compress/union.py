@@ -34,8 +34,7 @@ class Union(Compressor):
       rows     hash rows of that sketch (default 1)
       block    elements per unit for vectors (default 256)
       seed     base hash seed of that sketch (default 0)
-      recheck  a tensor whose union is every unit goes dense, without the bitmap round, for this many
-               exchanges (default 16)
+      recheck  exchanges a tensor whose union is every unit goes dense, without the bitmap round (default 16)
     """
 
     name: ClassVar[str] = "union"
