@@ -1,23 +1,13 @@
-"""Exact sparse exchange by allgather: every rank's non-zero units and their indices.
+"""Exact sparse exchange by allgather: every rank's coalesced non-zero units and their indices, in one round.
 
-What Horovod does with a sparse gradient (``sparse_as_dense=False``: an
-allgather of its indices and values), done better: each rank first coalesces
-its rows (a word twice in a batch is one row, not two), the indices travel as
-int32 where they fit, and the values optionally as ``wire=float16``. Two
-allgathers in one round, no dependent round::
+Horovod's sparse allgather, with each rank's rows coalesced first, indices as int32 where they fit and values
+optionally narrower (``wire``)::
 
     indices = allgather(units_r)          values = allgather(values_r)      (rank order)
     g_avg   = coalesce(indices, values) / N
 
-Every rank receives every other rank's units, ``sum_r k_r`` in all, however
-much the supports overlap, so allgather wins at few ranks and the union-sized
-methods (``union``, ``sketch``) at many (``hvdsketch bench scaling``). It works
-on any tensor cut into units (rows of a matrix, ``block``-element blocks of a
-vector); a row-sparse gradient stays row-sparse. When the units gathered last
-time would cost more than a dense allreduce, the tensor is sent dense
-(decided alike on every rank: they all saw the same gathered count) and, as
-the sketch does, counted again only every ``recheck`` exchanges (``N`` times the
-union its dense average shows: what allgather would gather at most).
+When the units gathered last time would cost more than a dense allreduce, the tensor is sent dense for
+``recheck`` exchanges (:func:`hvdsketch.compress.sizing.latched`), decided alike on every rank.
 """
 from __future__ import annotations
 
@@ -61,8 +51,7 @@ class Allgather(Compressor):
     Options (flag ``allgather:key=value,...``):
       wire     values travel as float16, bfloat16 or float32 (default: the tensor's dtype, exact)
       block    elements per unit for vectors (default 256)
-      recheck  a tensor found cheaper dense is sent dense this many exchanges before it is counted
-               again (default 16)
+      recheck  exchanges a tensor found cheaper dense is sent dense before it is counted again (default 16)
     """
 
     name: ClassVar[str] = "allgather"
@@ -81,14 +70,12 @@ class Allgather(Compressor):
             raise ValueError("recheck must be >= 1")
 
     def cheaper_dense(self, layout: Layout, gathered: int, dtype: str) -> bool:
-        """Whether allgathering ``gathered`` units (all ranks together) sends at least the bytes of a
-        dense ring allreduce: ``(N-1)/N * gathered * unit bytes`` against ``2 (N-1)/N * tensor bytes``."""
+        """Whether allgathering ``gathered`` units (all ranks') sends at least a dense ring allreduce's bytes."""
         unit = sizing.ITEMSIZE[index_dtype(layout)] + layout.unit_len * sizing.ITEMSIZE[self.wire or dtype]
         return gathered * unit >= 2 * layout.numel * sizing.ITEMSIZE[dtype]
 
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
-        """One round (two allgathers, or the dense allreduce while latched); then the state learns
-        whether the next exchanges go dense."""
+        """One round (two allgathers, or a dense allreduce while latched); the state learns if the next go dense."""
         dense_for = ctx.state.dense_for
         dense, learn = sizing.latched(dense_for)
         messages, gathered = self.compress(tensor, ctx, dense)
@@ -97,7 +84,7 @@ class Allgather(Compressor):
         ops = backend(values_of(result))
         count = None
         if not ops.is_symbolic(reduced[0]):
-            # gathered units; after a dense exchange, at most every rank's all of the union it shows
+            # after a dense exchange: N times its union, the most an allgather would gather
             count = (ops.shape(reduced[0])[0] if gathered.units is not None else
                      ctx.world_size * count_units(result, gathered.layout) if learn else None)
         dense_next = count is not None and self.cheaper_dense(gathered.layout, count, gathered.dtype)

@@ -1,12 +1,8 @@
 """Exact sparse exchange near its lower bound: a sparse reduce-scatter to row owners, then their sums.
 
-Every rank must end with the sum of every row in the union ``U`` of the ranks'
-rows. A row that ``m`` ranks touched needs ``m - 1`` transfers to be summed and
-``N - 1`` to reach every rank, so each rank sends at least
-``z + (N - 2) u / N`` rows (``z`` the mean rows a rank touched, ``u = |U|``;
-DESIGN.md, "Exact sparse exchange and its lower bound"). ``allgather`` sends
-``(N - 1) z`` (the bound only when no row is shared), ``union`` ``2 (N-1)/N u``
-(up to twice it). This method meets it, in three rounds::
+Each rank must send at least ``z + (N - 2) u / N`` rows (``z`` the mean rows a rank touched, ``u`` the rows of
+the union ``U``; DESIGN.md, "Exact sparse exchange and its lower bound"). This method meets it, plus round one's
+index, in three rounds::
 
     1. allgather   each rank's rows, coded (:mod:`.rowcode`: bitmap or deltas)
        -> every rank knows who touched which row, and so, alike everywhere, each
@@ -16,19 +12,8 @@ DESIGN.md, "Exact sparse exchange and its lower bound"). ``allgather`` sends
        -> each owner sums the rows it owns
     3. allgather   each owner's sums; every rank knows their order, so no index travels
 
-An owner is always a rank that touched the row, so its own copy never travels:
-the rows sent are ``sum_row (m - 1)`` in round two and ``(N - 1) u`` in round
-three, ``z + (N - 2) u / N`` a rank on average: the bound, plus round one's
-index. Hash-partitioned owners (Zen, Wang et al., OSDI 2025) pay ``(u - z) / N``
-rows more, for the rows whose owner did not touch them. The rotating start
-spreads ownership: exactly ``u / N`` rows each when every rank touches every
-row, and alike in expectation when ranks draw their rows alike (data
-parallelism); a row only one rank touched is its own. A dense tensor (every
-row everywhere) sends ``2 (N - 1) / N`` of itself, a ring allreduce's bytes.
-
-``wire=float16`` rounds the rows of round two and the sums of round three;
-what the first rounding took from this rank's rows is its residual, on its
-own rows (error feedback returns it).
+``wire=float16`` rounds the rows of round two and the sums of round three; what the first rounding took from this
+rank's rows is its residual.
 """
 from __future__ import annotations
 
@@ -47,9 +32,8 @@ from hvdsketch.ops.contract import Ops
 class Owners:
     """Who owns which union row, as every rank computes it from every rank's rows.
 
-    ``union``: sorted int64 units; ``owner``: each union unit's owning rank (int64, by position);
-    ``pair_rank`` / ``pair_pos``: every (rank, unit) touch, in rank order and unit order within a
-    rank, the unit as its union position.
+    ``union``: sorted int64 units; ``owner``: each union unit's owning rank; ``pair_rank`` / ``pair_pos``: every
+    (rank, unit) touch in rank order, then unit order, the unit as its union position.
     """
 
     union: Any
@@ -90,8 +74,7 @@ class Owners:
         return ops.positive(ops.cast(ops.gather(self.owner, self.pair_pos) == rank, "int64"))
 
     def gathered_order(self, ops: Ops) -> Any:
-        """For each union position, its row in round three's gather (owners' sums in rank order,
-        each owner's in union order)."""
+        """For each union position, its row in round three's gather (by owner, then union order)."""
         count = self.count
         arrival = ops.sort0(self.owner * count + ops.arange(count, like=self.owner)) % count
         return ops.scatter(count, arrival, ops.arange(count, like=arrival))
@@ -126,8 +109,7 @@ class Balanced(Compressor):
             raise ValueError("hvdsketch: balanced sizes its rounds on the host from the ranks' rows; it cannot "
                              "be traced into a graph (hvdsketch's tape runs it in Python ops inside tf.function)")
         rows_of = self.decompress((yield Round(messages)), None, ctx)
-        # the ranks whose rows came back: all of them, or this one alone where an exchange is run over
-        # this rank by itself (a cost measurement's run_local), which is then rank 0 of 1
+        # all ranks, or this one alone (rank 0 of 1) where an exchange runs over this rank by itself
         world, rank = (len(rows_of), ctx.rank) if len(rows_of) == ctx.world_size else (1, 0)
         owners = Owners.agree(ops, rows_of, layout.units)
         if owners.count == 0:  # no rank holds a non-zero: nothing more to send, alike on every rank
@@ -158,8 +140,7 @@ class Balanced(Compressor):
                           isinstance(tensor, RowSparse), ctx.out, tensor), ctx.state
 
     def compress(self, tensor: Any, ctx: TensorContext) -> tuple[list[Message], tuple[Any, Any]]:
-        """Round one: this rank's code of its non-zero units and its header; it keeps its units and
-        their values."""
+        """Round one: the header and code of this rank's non-zero units; it keeps the units and their values."""
         layout = Layout.of(ctx.shape, self.block)
         ops, units, values = units_of(tensor, layout)
         header, code = rowcode.encode(ops, units, layout.units)

@@ -1,30 +1,14 @@
 """What every compressor is: a round-based exchange of messages.
 
-Following GRACE's split, a :class:`Compressor` only says what to send and how
-to read what comes back; a communicator (:mod:`hvdsketch.collectives`) moves
-the messages, and the exchanger (:mod:`hvdsketch.exchange`) runs error
-feedback around it, in one place for every method::
-
-    g, ctx = compressor.prepare(g, ctx)        # DGC: clipping and momentum; others: g
-    g = memory.compensate(name, g)             # g + e
-    rounds = compressor.exchange(g, ctx)       # the round generator below
-    ... round.residual() -> memory.update(name, ...)
-
-Most methods need one round (``compress -> reduce -> decompress``); PowerSGD
-and the union methods need two, so the contract is a generator that yields a
-:class:`Round` of messages at a time and receives their reductions::
+As in GRACE, a :class:`Compressor` only says what to send and how to read what comes back; a communicator
+(:mod:`hvdsketch.collectives`) moves the messages and the exchanger (:mod:`hvdsketch.exchange`) runs error feedback
+around it. An exchange is a generator that yields a :class:`Round` of messages at a time, receives their
+reductions, and returns the averaged tensor and the tensor's next state (:mod:`hvdsketch.compress.state`)::
 
     def exchange(self, tensor, ctx):
         messages, local = self.compress(tensor, ctx)
         reduced = yield Round(messages, residual=lambda: self.residual(tensor, messages, local, ctx))
         return self.decompress(reduced, local, ctx), ctx.state
-
-The round whose messages settle what this rank sends carries ``residual``:
-what those messages leave out of the tensor the exchange was given, computed
-only when a residual memory keeps that tensor. The exchange returns the
-averaged tensor and the tensor's next state record: compressors are stateless
-values, and what a method remembers between steps (``State``) travels in the
-context and back (:mod:`hvdsketch.compress.state`).
 """
 from __future__ import annotations
 
@@ -43,22 +27,16 @@ Op = Literal["average", "sum", "max", "allgather", "bor", "alltoall", "reduce_sc
 class Message:
     """One tensor to reduce across ranks and how.
 
-    ``average``: element-wise mean (Horovod's ``op=Average``); ``sum``: element-wise
-    sum; ``max``: element-wise maximum; ``allgather``: rank-ordered concatenation
-    along dimension 0, sizes may differ by rank; ``bor``: bitwise OR of ``uint8``; ``alltoall``:
-    the vector cut into ``splits`` (host ints, one per rank in rank order), piece ``q`` sent to rank
-    ``q``, and what every rank sent this one concatenated in rank order; ``reduce_scatter``: the
-    element-wise mean of a tensor whose dimension 0 is cut into ``N`` equal blocks, rank ``q``
-    receiving block ``q`` of it (FSDP's gradient reduction). Those two are the ops whose result
-    differs by rank.
+    ``average``, ``sum``, ``max``: element-wise; ``allgather``: rank-ordered concatenation along dimension 0
+    (sizes may differ by rank); ``bor``: bitwise OR of ``uint8``; ``alltoall``: piece ``q`` of the vector cut
+    into ``splits`` (host ints, one a rank) sent to rank ``q``, what arrives concatenated in rank order;
+    ``reduce_scatter``: rank ``q`` receives the mean of block ``q`` of ``N`` equal blocks along dimension 0.
     """
 
     tensor: Any
     op: Op = "average"
     splits: tuple[int, ...] | None = None
-    #: ``alltoall``: the rows every rank sends this one (host ints, in rank order), where every rank
-    #: knows them before it sends (a reduce-scatter's equal blocks, or counts a round before brought);
-    #: ``None``: the communicator learns them first.
+    #: ``alltoall``: the rows every rank sends this one (host ints, rank order), if known; ``None``: learnt first.
     received: tuple[int, ...] | None = None
 
 
@@ -66,11 +44,8 @@ class Message:
 class Round:
     """The messages of one round of an exchange.
 
-    ``residual``, on the round whose messages settle what this rank sends: a function
-    giving what they leave out of the tensor the exchange was given (error feedback
-    keeps it), or ``None`` from it when nothing is left out. It is called only when a
-    residual memory keeps the tensor, after the round's collectives have started. An
-    exchange none of whose rounds carries one leaves nothing out.
+    ``residual``, on the round whose messages settle what this rank sends: a function giving what they leave
+    out of the exchange's tensor (``None``: nothing), called only where a residual memory keeps the tensor.
     """
 
     messages: list[Message]
@@ -90,16 +65,11 @@ class TensorContext:
     step: int = 0
     world_size: int = 1
     rank: int = 0
-    #: Where the dense result goes: memory of the tensor's shape and dtype made once (the gradient's
-    #: own), or ``None`` for a new tensor (TensorFlow). A decompress that makes a dense result writes
-    #: into it (ops' ``out=``); the flight copies any other dense result there.
+    #: Memory of the tensor's shape and dtype the dense result is written into, or ``None`` (a new tensor).
     out: Any = None
-    #: The compressor's state record of this tensor as the last exchange left it (its ``State``;
-    #: ``None`` for a method without state). A flight gives a stateful method its initial record
-    #: where the caller gives none.
+    #: The compressor's state record of this tensor as the last exchange left it (``None``: no state).
     state: Any = None
-    #: Whether the gradient comes as rows (:class:`~hvdsketch.compress.support.RowSparse`) to an
-    #: exchange outside a trace, so a row-sparse method can take it as it is.
+    #: Whether the gradient comes as :class:`~hvdsketch.compress.support.RowSparse` rows outside a trace.
     row_sparse: bool = False
 
 
@@ -108,22 +78,15 @@ class Compressor(ABC):
 
     #: The name used in the compression flag.
     name: ClassVar[str]
-    #: True when one ``average`` message of the tensor's dtype carries the whole
-    #: exchange, so the compressor drops into Horovod's own ``compression=``.
+    #: True when one ``average`` message of the tensor's dtype carries the exchange (Horovod's ``compression=``).
     drop_in: ClassVar[bool] = False
-    #: True when :meth:`compress` takes a :class:`~hvdsketch.compress.support.RowSparse` gradient
-    #: as it is; the exchanger densifies such gradients for every other compressor.
+    #: True when :meth:`compress` takes a :class:`~hvdsketch.compress.support.RowSparse` gradient as it is.
     row_sparse: ClassVar[bool] = False
-    #: True when error feedback is part of the method (EF-SignSGD, PowerSGD, DGC's accumulation):
-    #: the exchanger keeps a float32 residual for it when the user gives no residual memory.
+    #: True when error feedback is part of the method: the exchanger then keeps a residual even without memory.
     feedback: ClassVar[bool] = False
-    #: True when the exchange sizes its later rounds on the host from what earlier rounds brought
-    #: (``balanced``'s splits), so it cannot be traced into a graph: TensorFlow runs it as one Python
-    #: op inside ``tf.function``.
+    #: True when later rounds are sized on the host from earlier ones, so the exchange cannot be traced.
     host_sized: ClassVar[bool] = False
-    #: True when the method's own arithmetic (norms, products, rescaled or summed values) can
-    #: overflow the dtype on finite gradients whose dense average does not: the exchanger then keeps
-    #: the gradient until the step ends, to exchange it exactly where that happened.
+    #: True when the method's arithmetic can overflow the dtype on finite gradients whose dense average does not.
     overflows: ClassVar[bool] = False
     #: The frozen record of what the method remembers of a tensor between steps, or ``None``.
     State: ClassVar[type | None] = None
@@ -133,31 +96,25 @@ class Compressor(ABC):
         return None if self.State is None else self.State()
 
     def traceable(self) -> bool:
-        """Whether the exchange can be traced once into a graph (``tf.function``) that runs it step
-        after step without Python: not where it sizes rounds on the host (:attr:`host_sized`) or keeps
-        state whose shape changes, or that only Python can advance. TensorFlow runs the others in
-        Python ops inside ``tf.function``."""
+        """Whether the exchange can be traced once into a graph (``tf.function``) that runs it every step
+        (not where :attr:`host_sized`, or state that only Python can advance or whose shape changes)."""
         return not self.host_sized
 
     def held_state(self, record: Any, like: Any, ctx: TensorContext) -> Any:
-        """``record`` with every array made that a traced graph keeps from its first run on (see
-        :mod:`hvdsketch.compress.state`); ``like``: an eager tensor of the gradient's dtype and device."""
+        """``record`` with the arrays a traced graph keeps made (:mod:`hvdsketch.compress.state`), like ``like``."""
         return record
 
     def one_message(self) -> "Compressor":
-        """This method in the form whose exchange is one averaged message (:attr:`drop_in`), for
-        Horovod's ``compression=``; itself when it is that already (or has no such form)."""
+        """This method in its one-averaged-message form (:attr:`drop_in`), else itself."""
         return self
 
     def prepare(self, tensor: Any, ctx: TensorContext) -> tuple[Any, TensorContext]:
-        """The tensor that error feedback compensates and the context the exchange runs in: the
-        gradient and ``ctx`` themselves, except for methods that transform the gradient first (DGC's
-        clipping and momentum correction, whose momentum the context's state then carries)."""
+        """The tensor error feedback compensates and the exchange's context: ``tensor`` and ``ctx`` unless the
+        method transforms the gradient first (DGC)."""
         return tensor, ctx
 
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
-        """Yield each round's messages, receive their reductions, return the averaged tensor and the
-        tensor's next state (here: ``ctx.state`` unchanged)."""
+        """Yield each round's messages, receive their reductions, return the average and the next state."""
         messages, local = self.compress(tensor, ctx)
         reduced = yield Round(messages, lambda: self.residual(tensor, messages, local, ctx))
         return self.decompress(reduced, local, ctx), ctx.state

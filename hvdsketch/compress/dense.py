@@ -35,7 +35,7 @@ class NoCompression(Compressor):
 class HalfState:
     """What fp16 keeps of a tensor between steps: no state of the method, only its memory."""
 
-    #: The 16-bit message, written anew every step (fresh memory costs more than the cast into it).
+    #: The 16-bit message, written into anew every step.
     wire: Any = scratch()
 
 
@@ -43,14 +43,8 @@ class HalfState:
 class HalfPrecision(Compressor):
     """The tensor cast to 16-bit floats for the wire and back (Horovod's ``Compression.fp16``).
 
-    Values beyond float16's range (65504) overflow to Inf on the wire; the exchange then raises,
-    naming the overflow. ``dtype=bfloat16`` would keep fp32's range at fp16's size, but
-    Horovod 0.28.1 reduces no bfloat16 tensor (PyTorch or TensorFlow, MPI, Gloo or NCCL), so it is
-    refused when built rather than when the first gradient fails to travel.
-
-    Where the back-end writes into tensors (PyTorch, numpy), the 16-bit message is written each
-    step into the one the tensor's state keeps from the step before, and the average is written
-    into the gradient's own memory (``ctx.out``): one read and one write each way.
+    Values beyond float16's range (65504) overflow to Inf on the wire; the exchange then raises, naming the
+    overflow. ``dtype=bfloat16`` is refused: Horovod 0.28.1 reduces no bfloat16 tensor.
 
     Host syncs: none.
     """
@@ -80,8 +74,7 @@ class HalfPrecision(Compressor):
         return [Message(self._wire(ops, tensor, ctx), "average")], ops.dtype_name(tensor)
 
     def _wire(self, ops: Ops, tensor: Any, ctx: TensorContext) -> Any:
-        """``tensor`` in 16 bits: written into the state's message of the step before where there is
-        one of its size on its device, else new."""
+        """``tensor`` in 16 bits, written into the state's message where it has its size and device."""
         wire = None if ctx.state is None else ctx.state.wire
         if (wire is None or ops.is_symbolic(tensor) or ops.shape(wire) != ops.shape(tensor)
                 or ops.device_name(wire) != ops.device_name(tensor)):

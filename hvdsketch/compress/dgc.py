@@ -18,8 +18,7 @@ class DGCState:
 
     #: The momentum-corrected gradient ``u`` (masked where sent); ``None`` before the first step.
     velocity: Any = None
-    #: The memory the next ``u`` is written into (the one before ``velocity``), so a record stays as
-    #: it was when the next step runs: a step left without trace goes back to it.
+    #: The memory the next ``u`` is written into, so this record stays as it was.
     spare: Any = scratch()
 
 
@@ -36,18 +35,13 @@ class DeepGradientCompression(Compressor):
         send v_t[i] where |v_t[i]| >= thr, at most k = ceil(ratio * n) (the largest: hierarchical selection)
         u_t, v_t <- 0 where sent                          momentum factor masking
 
-    The sent (index, value) pairs are allgathered and averaged as top-k's
-    (:mod:`hvdsketch.compress.sparse`), so counts may differ by rank. Momentum is
-    applied here (:meth:`prepare`, before error feedback): step with plain SGD. ``v``
-    is error feedback, part of the method (``feedback``): the exchanger keeps it in the
-    user's residual memory, or in float32 when none is given; ``u`` is the tensor's state
-    (:class:`DGCState`). The threshold sample is drawn with replacement from a
-    seed mixed from ``seed``, the name and the step; ``sample=1`` uses the whole tensor
-    (exact threshold), so ``ratio=1,sample=1`` sends everything. The paper's
-    warm-up (sparsity raised over the first epochs) is a schedule of ``ratio``
-    left to the caller.
+    The sent (index, value) pairs are allgathered and averaged (:mod:`hvdsketch.compress.sparse`). Momentum is
+    applied here (:meth:`prepare`): step with plain SGD. ``v`` is the error feedback, part of the method
+    (``feedback``); ``u`` is the tensor's state (:class:`DGCState`). The threshold sample is drawn with
+    replacement; ``ratio=1,sample=1`` sends everything. The paper's warm-up is a schedule of ``ratio`` left to
+    the caller.
 
-    Host syncs: one, how many coordinates reach the sampled threshold (a data-dependent size).
+    Host syncs: one, how many coordinates reach the sampled threshold.
 
     Options (flag ``dgc:ratio=0.01,momentum=0.9``):
       ratio     fraction of coordinates sent, in (0, 1] (default 0.01; the paper uses 0.001)
@@ -81,10 +75,7 @@ class DeepGradientCompression(Compressor):
         return False
 
     def prepare(self, tensor: Any, ctx: TensorContext) -> tuple[Any, TensorContext]:
-        """``u_t = m u_{t-1} + clip(g)``: the momentum-corrected gradient that error feedback
-        accumulates, kept in the context's state for the exchange to mask. Where the back-end writes
-        into tensors, ``u`` is written into the state's spare memory (one pass, nothing new made
-        after the second step; the record given stays as it was)."""
+        """``u_t = m u_{t-1} + clip(g)``, which error feedback accumulates, kept in the context's state."""
         ops = backend(tensor)
         require_eager(ops, tensor, self.name)
         u = self._clipped(ops, tensor, ctx.world_size)
@@ -98,9 +89,8 @@ class DeepGradientCompression(Compressor):
         return u, replace(ctx, state=DGCState(u, spare=velocity))
 
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
-        """Send the selection of ``v_t`` (the accumulated ``tensor``), then mask the momentum where sent:
-        in place where the back-end writes into tensors, once the round's residual is kept (``tensor``
-        is ``u`` itself where the memory holds nothing yet) and the values sent were gathered."""
+        """Send the selection of ``v_t`` (``tensor``), then zero the momentum where sent (after the round: the
+        residual and the values sent may read ``u``'s memory)."""
         messages, indices = self.compress(tensor, ctx)
         reduced = yield Round(messages, lambda: self.residual(tensor, messages, indices, ctx))
         state = ctx.state
@@ -133,8 +123,7 @@ class DeepGradientCompression(Compressor):
         return sparse.messages(ops, indices, ops.gather(flat, indices)), indices
 
     def residual(self, tensor: Any, messages: Sequence[Message], indices: Any, ctx: TensorContext) -> Any:
-        """``v_t`` with what was sent set to 0: the values travel as they are, so this is
-        ``tensor - estimate`` in one copy."""
+        """``v_t`` with what was sent set to 0 (the values travel exactly)."""
         return backend(tensor).zero_at(tensor, indices)
 
     def decompress(self, reduced: Sequence[Any], indices: Any, ctx: TensorContext) -> Any:

@@ -16,13 +16,8 @@ class EFSignSGD(Compressor):
 
         p_t = g_t + e_t,   Δ_t = (||p_t||_1 / d) sign(p_t),   e_{t+1} = p_t - Δ_t
 
-    The scale makes ``C`` a contraction, so with error feedback the method converges
-    at SGD's rate where plain signSGD may not converge at all. Error feedback is part
-    of the method (``feedback``): the exchanger keeps ``e`` in the residual memory the
-    user gives, or in float32 when none is given. Signs
-    travel as bits, 8 per byte (``sign(0)`` sent as +), the scale as one value of
-    the tensor's dtype; both are allgathered and every rank averages all ranks'
-    ``C(p)``: 32x smaller than float32.
+    Error feedback is part of the method (``feedback``). Signs travel as bits, 8 per byte (``sign(0)`` sent as +),
+    the scale as one value of the tensor's dtype; both are allgathered and every rank averages all ranks' ``C(p)``.
 
     Host syncs: none.
 

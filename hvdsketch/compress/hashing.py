@@ -1,43 +1,21 @@
 """Count-sketch hashes in int64 without overflow, identical on every rank and back-end.
 
-A tensor is cut into *units* of ``unit_len`` elements (rows of a matrix,
-blocks of a vector: :class:`hvdsketch.compress.support.Layout`), so element
-``i`` is the pair ``(unit u, offset o)``. Each sketch row ``j`` draws two
-independent universal hash pairs, one on units and one on offsets, and
-combines them::
+Element ``i`` of a tensor cut into units (:class:`hvdsketch.compress.support.Layout`) is the pair
+``(unit u, offset o)``; each sketch row ``j`` draws one hash pair on units and one on offsets and combines them::
 
     bucket_j(u, o) = (hu_j(u) + ho_j(o)) mod cols        sign_j(u, o) = su_j(u) * so_j(o)
 
-This is a valid count sketch with the collision probability of a fully random
-one: two elements of different units collide when ``hu(u1) - hu(u2) = ho(o2) -
-ho(o1) (mod cols)``, probability ``1/cols`` for a pairwise independent
-``hu``; two of one unit when ``ho(o1) = ho(o2)``, ``1/cols`` too; and the sign
-of a pair is unbiased, ``E[s(i) s(k)] = 0``, whenever either factor differs.
-What it saves is work: the modular arithmetic runs once per touched unit and
-once per offset, and each element costs one addition, one reduction and one
-multiplication.
-
-Each hash pair on int64 keys ``k`` is a Carter-Wegman (1979) polynomial over
-the prime ``p = 2^31 - 1``::
+which collides with probability ``1/cols`` and has unbiased signs, as a fully random count sketch. Each hash on
+int64 keys ``k`` is a Carter-Wegman (1979) polynomial over the prime ``p = 2^31 - 1``, of degree 2 for buckets
+(3-wise independent) and 3 for signs (4-wise)::
 
     x = k                                 (k < p)
     x = (f * (k div p) + k mod p) mod p   (larger keys: the high part is hashed into the key)
     bucket(k) = (((a2 x + a1) mod p) x + a0) mod p  mod cols
     sign(k)   = 1 - 2 (((((s3 x + s2) mod p) x + s1) mod p x + s0) mod p  mod 2)
 
-The bucket polynomial is of degree 2 (3-wise independent), not the linear
-``(a x + b) mod p``: a linear hash maps an arithmetic progression of keys (the
-offsets ``0 .. unit_len - 1``) to buckets whose differences depend on the
-keys' difference only, and for some ``a`` a short lattice vector ``a d = m cols
-(mod p)`` makes many units share a bucket; either clumps a unit's collisions
-into whole rows at once. The sign is of degree 3 (4-wise independent). Folding the high
-part with a random ``f`` makes two keys collide with probability at most
-``1/p`` before the bucket hash, so keys beyond ``2^31`` get buckets as
-independent as the others (adding a chunk id instead would shift a key's
-bucket by one per chunk: correlated). Every coefficient is below ``2^31`` and
-every product is reduced mod p before the next multiply, so no intermediate
-exceeds ``2^62``. Only the units actually touched are hashed; nothing is
-precomputed per element.
+Coefficients are below ``2^31`` and every product is reduced mod p before the next, so no intermediate exceeds
+``2^62``.
 """
 from __future__ import annotations
 
@@ -103,8 +81,7 @@ class HashFamily:
         return len(self.units)
 
     def buckets(self, ops: Ops, row: int, units: Any, unit_len: int, bound: int) -> Any:
-        """Flat buckets of every element of ``units`` (int64, row-major: unit by unit), for units
-        numbered below ``bound``."""
+        """Flat buckets of every element of ``units`` (int64, unit by unit), for units numbered below ``bound``."""
         offsets = self.offsets[row].bucket(ops.arange(unit_len, like=units), self.cols, unit_len)
         return ops.outer_add(self.units[row].bucket(units, self.cols, bound), offsets) % self.cols
 

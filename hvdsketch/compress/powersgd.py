@@ -27,29 +27,13 @@ class PowerSGD(Compressor):
         P = M Q;     P <- mean over ranks of P;    P^ = orthogonalize(P)
         Q = M^T P^;  Q <- mean over ranks of Q;    result P^ Q^T,   E <- M - P^ Q_local^T
 
-    (``Q`` travels as ``Q^T = P^^T M``, the faster product; see :meth:`project`.)
+    ``Q`` travels as ``Q^T = P^^T M`` (:meth:`project`). It is warm-started from the previous step's averaged ``Q``
+    (Sec. 3), initially seeded uniform from ``seed`` and the name, equal on every rank; ``warm_start=false`` draws
+    a fresh one every step. Error feedback (Algorithm 2) is part of the method (``feedback``). Orthogonalization is
+    a reduced QR (in float32 for 16-bit gradients). Tensors of rank < 2, matrices where ``r (n + m) >= n m``, and
+    every tensor in the first ``start`` steps (PyTorch's ``start_powerSGD_iter``) are averaged dense.
 
-    ``P^`` is the same on every rank, so ``P^ Q^T`` is the average of every rank's
-    projection ``P^ P^^T M``: exact when the average of ``M`` has rank <= r (with a
-    random start). ``Q`` is warm-started from the previous step's averaged ``Q``
-    (Sec. 3, "warm start"), initially seeded uniform from ``seed`` and the name,
-    equal on every rank. With ``warm_start=false`` every step draws a fresh ``Q``
-    the same way from the step too (PyTorch's hook with ``warm_start=False``): one
-    power iteration from a random start, so a low-rank average stays exact at
-    every step, where the warm start carries the last step's row space into the
-    next (better for gradients that change slowly, the paper's case). Error feedback (Algorithm 2) is part of the method
-    (``feedback``): the exchanger keeps ``E`` in the user's residual memory, or in
-    float32 when none is given.
-    Orthogonalization is a reduced QR (in float32 for 16-bit gradients). Tensors of rank < 2,
-    and matrices where ``r (n + m) >= n m`` (nothing saved), are averaged dense in one round, as is
-    every tensor in the first ``start`` steps (PyTorch's ``start_powerSGD_iter``): the first steps
-    of training are the most sensitive to an inexact gradient, and the residual starts once they
-    are past. Tuning, as PyTorch's hook advises: raise ``rank`` first; then ``start``, from about
-    10% of the training steps, no fewer than a learning-rate warm-up's.
-
-    Host syncs: none (the QR runs on the tensor's device). Inside ``tf.function`` with warm start
-    and ``start=0``, ``Q`` and the residual live in variables: the exchange is graph ops, started
-    with its gradient.
+    Host syncs: none.
 
     Options (flag ``powersgd:rank=2``):
       rank        rank r of the approximation, >= 1 (default 1)
@@ -106,16 +90,14 @@ class PowerSGD(Compressor):
         return [Message(ops.matmul(matrix, q), "average")], matrix
 
     def drawn_q(self, like: Any, ctx: TensorContext) -> Any:
-        """A start ``Q`` (``m x r``, ``like``'s dtype and device), uniform in [-0.5, 0.5) from the
-        seed, the name and (without warm start) the step: the same on every rank."""
+        """A start ``Q`` (``m x r``, like ``like``), uniform in [-0.5, 0.5), the same on every rank."""
         ops = backend(like)
         step = 0 if self.warm_start else ctx.step
         m = self.matrix(ctx.shape)[1]
         return ops.uniform((m, self.rank), seeds.derive(self.seed, ctx.name, step, self.name), like) - 0.5
 
     def traceable(self) -> bool:
-        """With warm start and no dense ``start`` (a graph holds ``Q``); without warm start each step
-        draws from its step, and a dense start ends at a step, which a graph would freeze at its tracing."""
+        """Only with warm start and ``start=0``: otherwise the step, frozen in a traced graph, decides."""
         return self.warm_start and self.start == 0
 
     def held_state(self, record: PowerSGDState, like: Any, ctx: TensorContext) -> PowerSGDState:
@@ -124,11 +106,7 @@ class PowerSGD(Compressor):
         return record
 
     def project(self, reduced: Sequence[Any], matrix: Any) -> tuple[list[Message], Any]:
-        """Round 2: ``P^ = orthogonalize(mean P)`` and ``Q = M^T P^``, sent as ``Q^T = P^^T M``
-        (``r x m``): one pass over ``M`` in its own row order, where ``M^T P^`` reads it across rows
-        (and copies ``M`` where transposing is one). The state keeps
-        ``Q`` as the transpose of the averaged message (a view where the back-end has views), the
-        layout in which ``M Q`` is fastest too."""
+        """Round 2: ``P^ = orthogonalize(mean P)`` and ``Q = M^T P^``, sent as ``Q^T = P^^T M`` (``r x m``)."""
         ops = backend(matrix)
         dtype = ops.dtype_name(reduced[0])
         wide = "float64" if dtype == "float64" else "float32"  # no QR takes 16-bit floats (nor keeps them finite)
@@ -136,7 +114,7 @@ class PowerSGD(Compressor):
         return [Message(ops.matmul(ops.transpose(p_hat), matrix), "average")], p_hat
 
     def residual(self, tensor: Any, messages: Sequence[Message], p_hat: Any, ctx: TensorContext) -> Any:
-        """``M - P^ Q_local^T`` in one pass over ``M`` (a new tensor; ``Q_local^T`` is the message sent)."""
+        """``M - P^ Q_local^T`` (a new tensor; ``Q_local^T`` is the message sent)."""
         if p_hat is None:
             return super().residual(tensor, messages, p_hat, ctx)
         ops = backend(p_hat)

@@ -1,4 +1,4 @@
-"""QSGD: stochastic quantization to s levels of |v| / ||v||_2 (Alistarh et al., NeurIPS 2017)."""
+"""QSGD: stochastic quantization to s levels of ``|v| / ||v||_2`` (Alistarh et al., NeurIPS 2017)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,11 +15,9 @@ class QSGD(StochasticQuantizer):
         Q_s(v_i) = ||v||_2 * sgn(v_i) * xi_i(v, s),
         xi_i = (l + 1) / s with probability s |v_i| / ||v||_2 - l, else l / s,   l = floor(s |v_i| / ||v||_2)
 
-    unbiased, ``E[Q_s(v)] = v``, with variance ``E||Q_s(v) - v||^2 <= min(B / s^2, sqrt(B) / s) ||v||^2``
-    for buckets of ``B`` coordinates (Lemma 3.1), hence buckets, as in the paper's experiments.
-    ``s * xi_i`` travels as int8 (int16 for ``levels > 127``), the norms in the tensor's dtype,
-    both allgathered (see :mod:`hvdsketch.compress.quantize`). Rounding draws are seeded from
-    ``seed``, the tensor's name and the step.
+    unbiased, with variance ``E||Q_s(v) - v||^2 <= min(B / s^2, sqrt(B) / s) ||v||^2`` for buckets of ``B``
+    (Lemma 3.1). ``s * xi_i`` travels as int8 (int16 for ``levels > 127``), the norms in the tensor's dtype, both
+    allgathered (:mod:`hvdsketch.compress.quantize`).
 
     Host syncs: none.
 

@@ -1,16 +1,11 @@
 """Unbiased stochastic rounding to a few levels, shared by QSGD and TernGrad.
 
-A flat tensor is cut into buckets of ``B`` coordinates; each bucket travels as
-one scale ``c >= max |v_i|`` and one small signed integer per coordinate::
+Each bucket of ``B`` coordinates travels as one scale ``c >= max |v_i|`` and one small signed integer each,
+both allgathered (:func:`hvdsketch.ops.contract.Ops.stochastic_round`)::
 
     y_i = s v_i / c,   code_i = floor(y_i + u_i),   u_i ~ U[0, 1)
 
-so ``E[code_i] = y_i`` and ``c * code_i / s`` is an unbiased estimate of
-``v_i`` using ``s`` levels per sign. This is the papers' ``sgn(v_i) * (l + 1)``
-with probability ``|y_i| - l`` (``l = floor(|y_i|)``), else ``sgn(v_i) * l``:
-the same distribution, in one rounding of the signed value
-(:func:`hvdsketch.ops.contract.Ops.stochastic_round`). Scales and codes are
-allgathered, so every rank decodes every rank's buckets and averages them.
+so ``c * code_i / s`` is an unbiased estimate of ``v_i`` with ``s`` levels per sign: the papers' distribution.
 """
 from __future__ import annotations
 
@@ -31,8 +26,7 @@ def code_dtype(levels: int) -> str:
 
 
 class StochasticQuantizer(Compressor):
-    """Base of QSGD and TernGrad: subclasses set ``levels``, ``bucket`` (``None``: the whole
-    tensor), ``seed`` and the bucket scale."""
+    """Base of QSGD and TernGrad: subclasses set ``levels``, ``bucket`` (``None``: whole), ``seed`` and the scale."""
 
     overflows: ClassVar[bool] = True
 
@@ -53,8 +47,7 @@ class StochasticQuantizer(Compressor):
         size = self.bucket_size(math.prod(ctx.shape))
         scales = self.scales(ops, flat, size)
         divisor = scales + ops.cast(scales == 0, ops.dtype_name(scales))  # 1 for all-zero buckets: their codes are 0
-        # each rank rounds with its own draws: shared ones would correlate the ranks' rounding errors,
-        # and their average would keep one rank's variance instead of 1/N of it
+        # each rank draws its own: independent rounding errors are what averaging over ranks shrinks
         seed = seeds.derive(self.seed, ctx.name, ctx.step, f"{self.name}.rank{ctx.rank}")
         codes = ops.stochastic_round(flat, self.levels / divisor, size, self.levels, seed, code_dtype(self.levels))
         return [Message(scales, "allgather"), Message(codes, "allgather")], None

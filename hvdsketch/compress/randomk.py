@@ -15,8 +15,7 @@ from hvdsketch.ops import backend
 class RandomKState:
     """What random-k remembers of a tensor between calls."""
 
-    #: Exchanges of the tensor so far: mixed into the seed, so a name and step seen again (Horovod's
-    #: drop-in path, where both are only the shape and 0) draws another set.
+    #: Exchanges of the tensor so far, mixed into the seed (Horovod's drop-in path repeats name and step).
     calls: int = 0
 
 
@@ -24,27 +23,16 @@ class RandomKState:
 class RandomK(Compressor):
     """Send ``k = ceil(ratio * n)`` coordinates drawn uniformly without replacement, the same on every rank.
 
-    The coordinate set ``S`` (the ``k`` largest of ``n`` seeded uniform keys, a
-    uniformly random ``k``-subset) comes from a seed mixed from ``seed``, the
-    tensor's name and the step, so every rank picks the same ``S`` and one
-    averaging allreduce of the ``k`` values carries the exchange: random-k drops
-    into Horovod's ``compression=``. With ``scale`` the values are multiplied by
-    ``n / k``, the unbiased estimator ``Q(g)_i = Z_i g_i / p_i`` of Wangni et al.
-    2018 (Sec. 2) with every coordinate kept with probability ``p_i = k / n``::
+    The coordinate set ``S`` (the ``k`` largest of ``n`` uniform keys seeded from ``seed``, the name, the step and
+    the call count of :class:`RandomKState`) is the same on every rank, so one averaging allreduce of the ``k``
+    values carries the exchange. With ``scale`` the values are multiplied by ``n / k``, the unbiased estimator of
+    Wangni et al. 2018 (Sec. 2)::
 
         E[(n / k) g_i 1[i in S]] = g_i
 
-    Without it, it is the ``rand_k`` operator that Stich et al. 2018 pair with
-    error feedback (``memory=``, the exchanger's residual memory). ``ratio=1`` is exact.
+    Without it, it is the ``rand_k`` operator that Stich et al. 2018 pair with error feedback. ``ratio=1`` is exact.
 
-    In Horovod's drop-in path the name is only the shape and the step stays 0,
-    so a per-name call counter (:class:`RandomKState`), advanced alike on every rank as long as all
-    ranks compress their tensors in the same order, changes ``S`` every call.
-    Inside ``tf.function`` name, step and counter are read when it is traced, and
-    a trace keeps no state (it advances no counter), so every rank's graph draws the same ``S``
-    (a rank that traces again, on a smaller last batch, agrees with the others).
-
-    Host syncs: none (the keys are drawn on the tensor's device).
+    Host syncs: none.
 
     Options (flag ``randomk:ratio=0.01``):
       ratio   fraction of coordinates sent, in (0, 1] (default 0.01)

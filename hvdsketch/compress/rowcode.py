@@ -1,13 +1,8 @@
 """A sorted set of unit indices as bytes: a packed bitmap or sorted deltas, whichever is smaller.
 
-Which units a rank holds costs, over ``n`` units, either a bitmap of ``n`` bits
-(``ceil(n / 8)`` bytes, whatever the count) or its ``k`` sorted indices as
-deltas, each in the fewest bytes ``w`` (1, 2, 4 or 8) that hold the largest
-gap: ``k * w`` bytes. A wide, thin table (many rows, few touched) wants the
-deltas, a dense one the bitmap; each rank picks for itself, every step, and
-says which in a two-number header, ``[kind, count]`` (kind 0: bitmap; else the
-delta width in bytes). Both travel as ``uint8`` whatever the choice, so every
-rank's code fits one allgather of one dtype::
+Over ``n`` units, a bitmap costs ``ceil(n / 8)`` bytes, ``k`` sorted indices as deltas ``k * w`` bytes (``w`` of
+1, 2, 4 or 8 holding the largest gap). A two-number header ``[kind, count]`` says which (kind 0: bitmap; else the
+delta width); both travel as ``uint8``::
 
     deltas = units - [0, units[:-1]]        units = cumsum(deltas)
     bytes  = little-endian base-256 digits of each delta, w a delta

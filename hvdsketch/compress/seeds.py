@@ -1,14 +1,8 @@
 """Seeds that every rank derives alike, for compressors that draw random numbers.
 
-A compressor's random draws (random-k's coordinates, QSGD's and TernGrad's
-rounding, DGC's threshold sample, PowerSGD's first Q) come from the ops
-back-end's seeded generator (:func:`hvdsketch.ops.numpy.uniform` and its
-torch / TensorFlow twins), so within one back-end they are a pure function of
-the seed. The seed mixes the flag's base seed with the tensor's name, the
-step and the purpose of the draw, so draws change every step and differ
-between tensors, yet are the same on every rank where they must be (random-k's
-coordinates, PowerSGD's first Q); QSGD's and TernGrad's rounding mixes in the
-rank, since independent rounding errors are what averaging over ranks shrinks.
+The seed mixes the flag's base seed with the tensor's name, the step and the purpose of the draw, so draws change
+every step and differ between tensors, yet are the same on every rank (the back-end's ``uniform`` is a pure
+function of it). Rounding that must differ by rank mixes the rank into the purpose.
 """
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
-"""Sizes every rank agrees on without a round: from what the previous step's reduction showed all.
+"""Sizes every rank agrees on without a round: from the previous step's reduced result, equal on every rank.
 
-A sparse method's message size depends on the data (the union of the ranks'
-supports, the rows gathered), yet every rank must send messages of the same
-size, and a round spent agreeing on it first costs a latency. So a compressor
-sizes this step from the previous step's reduced result, which every rank
-holds bit for bit: the union a reduced bitmap shows, or the non-zero units of a
-dense average.
-
-Sizes are *levels*: a bound of ``ceil(grow^level)`` units, the smallest level
-above ``headroom`` times what was seen. A level rises as soon as the count
-outgrows it and falls only when the count is two levels below, so message
-sizes repeat across steps (Horovod's response cache and its allgather
-negotiation keep stable shapes) instead of following every fluctuation.
-
-A tensor found not worth sending sparse is *latched* dense: the next
-``recheck`` exchanges send it dense at once, and the last of them counts the
-non-zero units of its dense result again, so a dense layer pays one count in
-``recheck`` steps.
+Sizes are *levels*: a bound of ``ceil(grow^level)`` units, the smallest level above ``headroom`` times the count
+seen. A level rises as soon as the count outgrows it and falls only when it is two levels below, so message sizes
+repeat across steps. A tensor not worth sending sparse is *latched* dense for ``recheck`` exchanges, the last of
+which counts its dense result's units again.
 """
 from __future__ import annotations
 
@@ -49,21 +36,18 @@ class LatchState:
 
 
 def latched(dense_for: int) -> tuple[bool, bool]:
-    """``(dense, learn)`` for an exchange with ``dense_for`` latched exchanges left: whether it goes
-    dense at once, and whether it is the last latched one, which counts its dense result's units again."""
+    """``(dense, learn)`` with ``dense_for`` latched exchanges left: whether to go dense, and whether to count."""
     return dense_for > 0, dense_for == 1
 
 
 def release(dense_for: int, dense_next: bool, recheck: int) -> int:
-    """Latched exchanges left after this one: one fewer; a tensor just found not worth sending sparse
-    (``dense_next``, known after an exchange that counted) is latched for ``recheck`` more."""
+    """Latched exchanges left after this one: one fewer, or ``recheck`` where ``dense_next`` latches it anew."""
     if dense_for > 1:
         return dense_for - 1
     return recheck if dense_next else 0
 
 
-#: A union more than this many times its plan's bound (one row's error above ``sqrt(2)`` times the one
-#: asked for) is warned about, once per tensor; below it, the next step's resizing is answer enough.
+#: A union more than this many times its plan's bound is warned about, once per tensor.
 OVERFLOW = 2.0
 
 #: Bytes per element of the dtypes values travel in.

@@ -1,56 +1,20 @@
-"""The compressed collective sparse-sketch (Ge et al., IEEE JSAC 41(4), 2023; "S2 Reducer"), in one round.
+"""The sparse sketch (S2 Reducer, Ge et al., IEEE JSAC 41(4), 2023): a count sketch plus a bitmap, in one round.
 
-Each rank marks which *support units* of its gradient hold a non-zero — rows
-of a tensor of rank >= 2, blocks of ``block`` elements of a vector — in a
-bitmap, and adds every coordinate ``i`` of those units into a count sketch
-``S`` of ``rows x cols`` cells (Charikar et al., 2002; hashes in
-:mod:`hvdsketch.compress.hashing`)::
+Each rank marks the *support units* holding a non-zero (:class:`~hvdsketch.compress.support.Layout`) in a
+bitmap and adds every coordinate ``i`` of them into a ``rows x cols`` count sketch (Charikar et al., 2002;
+hashes in :mod:`hvdsketch.compress.hashing`)::
 
     S[j, bucket_j(i)] += sign_j(i) * g[i]            for every row j
 
-Count sketches with shared hashes are linear, ``S(a) + S(b) = S(a + b)``, so
-one averaging allreduce of the cells yields the sketch of the averaged
-gradient, and the OR of the bitmaps the union support. Both leave together,
-in one round, with no round before them; every rank then recovers::
+Count sketches with shared hashes are linear, so one averaging allreduce of the cells gives the sketch of the
+average, and the OR of the bitmaps its union support; every rank then recovers (median over rows)::
 
     g_avg[i] ~= median_j  sign_j(i) * S_avg[j, bucket_j(i)]     for i in the union
 
-(for an even number of rows, the mean of the two middle values).
-
-**Sizing.** For one row the relative L2 error of the recovery is about
-``sqrt(nnz_union / cols)``, so the sketch of a union of ``U`` units of
-``unit_len`` needs ``cols = U unit_len / error^2``. The current union is
-known only after the round, so the plan comes from numbers every rank shares
-already (:mod:`hvdsketch.compress.sizing`): the union the previous step's
-reduced bitmap showed, times ``headroom``, quantized to powers of ``grow`` so
-message sizes repeat across steps. The first exchange of a tensor is sized
-from ``density`` if given, else sent dense (and its dense average shows the
-union). A union that outgrows its plan is seen alike by every rank in the
-reduced bitmap: that step's recovery is less accurate (error feedback returns
-what this rank's sketch missed) and the next step resizes; a union more than
-:data:`~hvdsketch.compress.sizing.OVERFLOW` times its plan's bound (a fixed
-``density`` meeting a dense layer; inside ``tf.function``, where the traced
-plan stays, at every step) warns once per tensor, naming it and the expected
-error, on every rank alike. When cells and
-bitmap would not be smaller than the tensor, it is sent dense, decided alike
-on every rank; such a tensor stays dense without counting for ``recheck``
-exchanges.
-
-**Bitmap.** ``bitmap=bits`` sends it packed, 8 units per byte, as a bitwise-OR
-message beside the cells (a ring in the MPI layer; an allgather in Horovod,
-which has no OR). ``bitmap=float`` puts one float per unit (> 0: present) in
-front of the cells in one averaged message: what Horovod's drop-in
-``compression=`` and NCCL carry. Cells may travel as ``wire=float16`` or
-``bfloat16``.
-
-**Error feedback.** What this rank's own cells leave out is computed on this
-rank's own units only (its values minus its own sketch's estimate of them),
-returned row-sparse for matrices: a residual never spreads to units this rank
-did not send, however many collisions the union's recovery has.
-
-**Cost.** Buckets and signs are hashed per unit and per offset, and combined
-per element with one addition and one multiplication; only the units this
-rank holds are hashed when sketching, and only the union's when recovering.
+One row's relative L2 error is about ``sqrt(nnz_union / cols)``, so a union of ``U`` units needs
+``cols = U unit_len / error^2``; ``U`` is planned from the previous step's union
+(:mod:`hvdsketch.compress.sizing`). A tensor whose sketch would not be smaller is sent dense. The residual is
+this rank's values minus its own sketch's estimate of them, on its own units only.
 """
 from __future__ import annotations
 
@@ -73,7 +37,7 @@ NEXT = "next"
 
 @dataclass(frozen=True)
 class SketchState:
-    """What the sketch remembers of a tensor between steps (equal on every rank: learnt from reductions)."""
+    """What the sketch remembers of a tensor between steps (equal on every rank)."""
 
     #: The planned size's level (:mod:`~hvdsketch.compress.sizing`); ``None`` before any union was seen.
     level: int | None = None
@@ -129,8 +93,7 @@ def recover(ops: Ops, cols: int, hashed: list[tuple[Any, Any]], cells: Any, unit
 
 
 def median(ops: Ops, xs: Sequence[Any]) -> Any:
-    """Element-wise median of equal-shaped tensors; for an even count, the mean of the two middle
-    values. Up to three without sorting: ``median(a, b, c) = max(min(a, b), min(max(a, b), c))``."""
+    """Element-wise median of equal-shaped tensors (even count: the mean of the two middle values)."""
     if len(xs) == 1:
         return xs[0]
     if len(xs) == 2:
@@ -150,18 +113,15 @@ class SparseSketch(Compressor):
     Options (flag ``sketch:key=value,...``):
       rows      hash rows; recovery takes the median over rows (default 1)
       error     target relative L2 error of the recovery: cols = bound * unit_len / error^2 (default 0.5)
-      density   the first exchange's bound on the fraction of units in the union; unset (default),
-                a tensor's first exchange is dense and later ones are sized from the union seen last
+      density   the first exchange's bound on the union's fraction of units; unset (default): dense first
       ratio     size the sketch as this fraction of the tensor instead, the same every step
       headroom  factor on the union seen last when sizing the next step (default 1.1)
       grow      planned sizes are powers of this factor, so message sizes repeat (default 1.25)
       wire      cells travel as float16, bfloat16 or float32 (default: the tensor's dtype)
-      bitmap    bits (packed, OR-reduced beside the cells; default) or float (one float per unit in
-                the cells' averaged message: one message, as Horovod's drop-in path needs)
+      bitmap    bits (packed, OR-reduced; default) or float (one float a unit in the cells' averaged message)
       block     elements per support unit for vectors (default 256)
       seed      base hash seed, equal on every rank (default 0)
-      recheck   a tensor found not worth sketching is sent dense for this many exchanges before its
-                union is counted again (default 16)
+      recheck   exchanges a tensor not worth sketching goes dense before it is counted again (default 16)
     """
 
     name: ClassVar[str] = "sketch"
@@ -209,22 +169,18 @@ class SparseSketch(Compressor):
 
     @property
     def sized_in_advance(self) -> bool:
-        """True when ``density`` or ``ratio`` fixes the size: no per-step state decides it (so a traced
-        graph, which keeps the plan of its tracing, loses nothing)."""
+        """True when ``density`` or ``ratio`` fixes the size, so no per-step state decides it."""
         return self.density is not None or self.ratio is not None
 
     def traceable(self) -> bool:
-        """Sized in advance: sized from the unions seen, the plan's level changes the messages' shapes."""
+        """Only when :attr:`sized_in_advance`: otherwise the plan's level changes the messages' shapes."""
         return self.sized_in_advance
 
     def one_message(self) -> "SparseSketch":
         return self if self.drop_in else dataclasses.replace(self, bitmap="float")
 
-    # -- sizing -----------------------------------------------------------------------------------
-
     def plan(self, shape: Sequence[int], bound: int | None = None, dtype: str = "float32") -> SketchPlan | None:
-        """The sketch of a ``dtype`` tensor of ``shape`` whose union has at most ``bound`` units
-        (default: ``density`` of them), or ``None`` when dense is no larger."""
+        """The sketch of a union of at most ``bound`` units (default: ``density``); ``None`` if dense is no larger."""
         layout = Layout.of(shape, self.block)
         if self.ratio is not None:
             cols = math.ceil(self.ratio * layout.numel / self.rows)
@@ -242,8 +198,7 @@ class SparseSketch(Compressor):
         return SketchPlan(layout, cols, bound)
 
     def next_plan(self, ctx: TensorContext, dtype: str) -> tuple[SketchPlan | None, bool]:
-        """This exchange's plan from the state every rank shares (``None``: dense), and whether its
-        dense result is to be counted (to size the exchanges after it)."""
+        """This exchange's plan from the shared state (``None``: dense), and whether to count its dense result."""
         if self.ratio is not None:
             return self.plan(ctx.shape, None, dtype), False
         state = ctx.state or SketchState()
@@ -260,8 +215,7 @@ class SparseSketch(Compressor):
         return None, True
 
     def _learnt(self, state: SketchState, ctx: TensorContext, sent: Sent, learn: bool, result: Any) -> SketchState:
-        """The state after this exchange: the next one sized from this one's union (its bitmap's, or
-        its dense result's units)."""
+        """The state after this exchange: the next one sized from this one's union."""
         state = dataclasses.replace(state, warned=1) if sent.warned else state
         if self.ratio is not None:
             return state
@@ -275,12 +229,9 @@ class SparseSketch(Compressor):
                                    dense_for=sizing.release(state.dense_for, dense_next, self.recheck))
 
     def _check_union(self, ops: Ops, ctx: TensorContext, sent: Sent, count: Any, traced: bool) -> None:
-        """Warn once per tensor when the reduced bitmap's union (``count`` units, alike on every rank)
-        outgrows the plan's bound :data:`~hvdsketch.compress.sizing.OVERFLOW` times, so the recovery's
-        error is well above ``error`` (``sent.warned`` then: the tensor's state keeps it). Eagerly
-        ``count`` is the host int sizing read anyway; inside ``tf.function`` it is a device count, read
-        on the host by a conditional op at every step, which warns at the first step of each trace
-        that overflows. A plan of ``ratio`` was asked for a size, not an error: never warned about."""
+        """Warn once per tensor (``sent.warned``) when the union's ``count`` units (a host int, or a device count
+        inside ``tf.function``) exceed :data:`~hvdsketch.compress.sizing.OVERFLOW` times the plan's bound.
+        A ``ratio`` plan is never warned about."""
         plan = sent.plan
         if plan.bound is None or (ctx.state is not None and ctx.state.warned):
             return
@@ -309,11 +260,8 @@ class SparseSketch(Compressor):
     def hashes(self, plan: SketchPlan, ctx: TensorContext) -> HashFamily:
         return HashFamily.draw(self.rows, plan.cols, self.seed, ctx.name, ctx.step)
 
-    # -- the exchange -----------------------------------------------------------------------------
-
     def exchange(self, tensor: Any, ctx: TensorContext) -> Exchange:
-        """One round: bitmap and cells sized from the state (or the dense tensor); then the state
-        learns this step's union for the next."""
+        """One round of bitmap and cells (or the dense tensor); the state then learns this step's union."""
         values = values_of(tensor)
         ops = backend(values)
         plan, learn = self.next_plan(ctx, ops.dtype_name(values))
@@ -358,8 +306,7 @@ class SparseSketch(Compressor):
         return bitmap, ops.cast(cells, sent.dtype)
 
     def residual(self, tensor: Any, messages: Sequence[Message], sent: Sent, ctx: TensorContext) -> Any:
-        """This rank's values minus its own cells' estimate of them, on its own units only: row-sparse
-        for matrices (no rows at all when the tensor went dense, exactly)."""
+        """This rank's values minus its own cells' estimate, on its own units (row-sparse; empty when dense)."""
         if sent.plan is None:
             ops = backend(messages[0].tensor)
             layout = Layout.of(ctx.shape, self.block)
@@ -383,7 +330,7 @@ class SparseSketch(Compressor):
         traced = ops.is_symbolic(union)
         sent.union = None if traced else ops.shape(union)[0]
         self._check_union(ops, ctx, sent, ops.reduce_sum(ops.cast(mask > 0, "int64")) if traced else sent.union, traced)
-        sent.hashed = None  # this rank's own hashes are not needed any more
+        sent.hashed = None
         hashed = hash_units(ops, sent.hashes, layout, union, sent.dtype)
         estimate = recover(ops, plan.cols, hashed, cells, layout.unit_len)
         return from_units(ops, layout, union, estimate, ctx.shape, sent.row_sparse, ctx.out, sent.source)

@@ -1,16 +1,9 @@
 """Sparse payloads: chosen coordinates of a flat tensor as (index, value) pairs, allgathered.
 
-Indices travel as their own int64 message, values as a message of the
-tensor's dtype: both allgather in Horovod (PyTorch and TensorFlow) and in the
-MPI layer, indices stay exact for any tensor size, and the finiteness check
-of the exchange driver looks at the values only. An allgather concatenates
-every rank's pairs in rank order, counts may differ by rank, and a sum of
-sparse vectors is the scatter-add of all their pairs, so the average over
-``N`` ranks is::
+Indices travel as an int64 message, values as one of the tensor's dtype; counts may differ by rank. The average
+over ``N`` ranks, a coordinate chosen by several ranks adding up their values, is::
 
     g_avg = scatter_add(indices, values / N)
-
-where a coordinate chosen by several ranks adds up their values.
 """
 from __future__ import annotations
 
@@ -42,6 +35,6 @@ def messages(ops: Ops, indices: Any, values: Any) -> list[Message]:
 def average(reduced: Sequence[Any], ctx: TensorContext) -> Any:
     """The dense average over ``ctx.world_size`` ranks of allgathered ``(indices, values)``."""
     indices, values = reduced
-    ops = backend(values)  # dividing the pairs, not the dense sum: one pass over the tensor fewer
+    ops = backend(values)
     return ops.reshape(ops.scatter_add(math.prod(ctx.shape), indices, values / ctx.world_size,
                                        flat_out(ops, ctx.out)), ctx.shape)

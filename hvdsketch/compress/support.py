@@ -1,12 +1,7 @@
-"""Where a gradient's non-zeros are: row-sparse gradients, and tensors cut into support units.
+"""Where a gradient's non-zeros are: row-sparse gradients (:class:`RowSparse`), and tensors cut into support units.
 
-An embedding's gradient (``nn.Embedding(sparse=True)``, ``tf.IndexedSlices``)
-arrives as the rows it touched, :class:`RowSparse`; sparse methods keep it that
-way end to end. A :class:`Layout` cuts any tensor into *support units* (rows of
-a tensor of rank >= 2, blocks of elements of a vector), the granularity at
-which bitmaps mark non-zeros; :func:`units_of` finds a gradient's non-zero
-units and their values, :func:`from_units` puts values of units back into a
-tensor of the gradient's kind.
+A :class:`Layout` cuts a tensor into *support units* (rows of a tensor of rank >= 2, blocks of a vector);
+:func:`units_of` finds a gradient's non-zero units, :func:`from_units` puts units back into a tensor.
 """
 from __future__ import annotations
 
@@ -66,8 +61,7 @@ class Layout:
         return self.units * self.unit_len != self.numel
 
     def coordinates(self, ops: Ops, units: Any) -> Any:
-        """Flat indices of every element of the given int64 ``units``, on their device (a host sync
-        only where the last unit is partial: how many of its coordinates exist depends on the units)."""
+        """Flat indices of every element of the int64 ``units`` (a host sync where the last unit is partial)."""
         coords = ops.outer_add(units * self.unit_len, ops.arange(self.unit_len, like=units))
         return ops.where_less(coords, self.numel) if self.ragged else coords
 
@@ -79,9 +73,8 @@ class Layout:
 
 
 def units_of(tensor: Any, layout: Layout) -> tuple[Ops, Any, Any]:
-    """``(ops, units, values)``: the sorted int64 indices of the units of ``tensor`` (dense, or
-    :class:`RowSparse`, whose rows given twice are summed) that hold a non-zero, and their values
-    as a ``len(units) x unit_len`` matrix (zero-padded past a ragged end)."""
+    """``(ops, units, values)``: the sorted int64 indices of the non-zero units of ``tensor`` (dense or
+    :class:`RowSparse`, coalesced) and their values as a ``len(units) x unit_len`` matrix, zero-padded."""
     if isinstance(tensor, RowSparse):
         ops = backend(tensor.values)
         units, values = ops.coalesce_rows(tensor.indices, tensor.values)
@@ -100,11 +93,9 @@ def count_units(tensor: Any, layout: Layout) -> int:
 
 def from_units(ops: Ops, layout: Layout, units: Any, values: Any, shape: Sequence[int],
                row_sparse: bool, out: Any = None, source: Any = None) -> Any:
-    """The tensor of ``shape`` holding ``values`` (``len(units) x unit_len``) at ``units``, zero
-    elsewhere: a :class:`RowSparse` when ``row_sparse`` and the units are rows (a matrix's), else dense,
-    written into ``out`` (of ``shape``) when given and the units tile it exactly. ``source``: the dense
-    tensor sent, whose non-zero units are all among ``units``; where ``out`` is its memory (PyTorch's
-    optimizer averaging ``.grad`` in place), ``out`` is 0 outside them already, and only they are written."""
+    """The tensor of ``shape`` holding ``values`` (``len(units) x unit_len``) at ``units``, zero elsewhere: a
+    :class:`RowSparse` when ``row_sparse`` and the units are rows, else dense, written into ``out`` when given
+    and not ragged. Where ``out`` is the memory of ``source`` (the dense tensor sent), only ``units`` are written."""
     if row_sparse and len(shape) >= 2:
         return RowSparse(units, ops.reshape(values, (-1, *shape[1:])), tuple(shape))
     coords = ops.outer_add(units * layout.unit_len, ops.arange(layout.unit_len, like=units))

@@ -15,11 +15,8 @@ class TernGrad(StochasticQuantizer):
 
         ternarize(g) = s_t * sign(g) ∘ b,   s_t = max_k |g_k|,   P(b_k = 1) = |g_k| / s_t
 
-    unbiased, ``E[ternarize(g)] = g``: stochastic rounding with one level
-    (:mod:`hvdsketch.compress.quantize`). Codes travel as int8, the scalar in the
-    tensor's dtype, both allgathered. Each rank sends its own ``s_t``; the paper's
-    scaler sharing (a max over ranks first) would cost an extra round. Rounding draws
-    are seeded from ``seed``, the tensor's name and the step.
+    unbiased: stochastic rounding with one level (:mod:`hvdsketch.compress.quantize`). Codes travel as int8 and
+    ``s_t`` in the tensor's dtype, both allgathered; each rank sends its own ``s_t`` (no scaler sharing).
 
     Host syncs: none.
 

@@ -15,17 +15,11 @@ from hvdsketch.ops import backend
 class TopK(Compressor):
     """Send the ``k = ceil(ratio * n)`` coordinates of largest magnitude, allgathered as (index, value).
 
-    Each rank keeps ``top_k(g)_i = g_i if |g_i| is among the k largest of |g|, else 0``
-    (the ``top_k`` operator of Stich et al. 2018, Sec. 2); every rank receives
-    all ranks' pairs and averages them (:mod:`hvdsketch.compress.sparse`). The
-    operator is biased; with error feedback (``memory=``, the exchanger's residual
-    memory) what is dropped is sent later. ``ratio=1`` is exact. A row-sparse
-    gradient (an embedding's) is selected from its rows without densifying it: its
-    other coordinates are zeros, which top-k never needs (when ``k`` exceeds its
-    non-zeros, all of them are sent).
+    The ``top_k`` operator of Stich et al. 2018 (Sec. 2); every rank averages all ranks' pairs
+    (:mod:`hvdsketch.compress.sparse`). It is biased: use error feedback (``memory=``). ``ratio=1`` is exact.
+    A row-sparse gradient is selected from its rows without densifying it.
 
-    Host syncs: none for a dense gradient (``k`` is fixed); one for a row-sparse one (how many
-    distinct rows it has, when they are coalesced).
+    Host syncs: none for a dense gradient; one for a row-sparse one (its distinct rows).
 
     Options (flag ``topk:ratio=0.01``):
       ratio   fraction of coordinates kept, in (0, 1] (default 0.01)

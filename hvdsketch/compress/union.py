@@ -1,25 +1,13 @@
 """Exact sparse exchange over the union: OR the bitmaps, then average exactly the union's units.
 
-OmniReduce's idea (Fei et al., SIGCOMM 2021) behind the compression flag. Round
-one ORs the ranks' bitmaps of non-zero units, packed 8 to a byte (a ring in
-the MPI layer, constant in N; an allgather in Horovod, which has no OR); every
-rank now knows the union ``U`` and where each of its units falls in it. Round
-two averages one ``U x unit_len`` buffer, each rank's units at their union
-positions and zeros elsewhere::
+OmniReduce's idea (Fei et al., SIGCOMM 2021). Round one ORs the ranks' packed bitmaps of non-zero units; round
+two averages one ``U x unit_len`` buffer, each rank's units at their union positions and zeros elsewhere::
 
     union = OR_r bitmap_r           position(u) = rank of u in union
     g_avg[union] = mean_r buffer_r                  (exact: the dense average on the union)
 
-It sends the union once, where the sketch needs ``U / error^2`` cells for the
-same union and the allgather every rank's units separately: the union methods
-win at many ranks, whose supports overlap (``hvdsketch bench scaling``).
-
-``error > 1`` sends, in round two, a count sketch of the union instead of its
-values (``U unit_len / error^2`` cells, fewer than the union's values: the only
-case where a sketch after the union round is worth its round), recovered on
-the union; what this rank's sketch missed is its residual, on its own units
-(error feedback returns it). A tensor whose union is every unit is sent dense
-without the bitmap round for the next ``recheck`` exchanges.
+``error > 1`` sends a count sketch of the union in round two instead (:mod:`hvdsketch.compress.sketch`). A tensor
+whose union is every unit is sent dense, without the bitmap round, for the next ``recheck`` exchanges.
 """
 from __future__ import annotations
 
@@ -46,8 +34,7 @@ class Union(Compressor):
       rows     hash rows of that sketch (default 1)
       block    elements per unit for vectors (default 256)
       seed     base hash seed of that sketch (default 0)
-      recheck  a tensor whose union is every unit goes dense, without the bitmap round, for this many
-               exchanges (default 16)
+      recheck  exchanges a tensor whose union is every unit goes dense, without the bitmap round (default 16)
     """
 
     name: ClassVar[str] = "union"

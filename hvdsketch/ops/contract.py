@@ -1,22 +1,14 @@
 """What every array back-end provides: :class:`Ops`, the functions algorithms may call.
 
-``hvdsketch.ops.numpy``, ``.torch`` and ``.tensorflow`` are modules that
-implement this protocol (a unit test checks that each defines exactly these
-functions with these signatures). Two rules make the algorithms written against
-it run on an accelerator as they run on the host:
+``hvdsketch.ops.numpy``, ``.torch`` and ``.tensorflow`` implement this protocol (a unit test checks their
+functions and signatures). Its rules:
 
-* **Every creating function takes the tensor it is like** (``like``, or the
-  index / value tensor it works on): what it makes lives on that tensor's
-  device, so nothing on the gradient path is made in host memory and copied.
-* **Host syncs are named.** A function that reads a device value on the host,
-  or whose output size depends on the values (so the host must wait to learn
-  it), says so in its docstring ("host sync"); the rest only queue device work.
-
-A third keeps the gradient path from allocating a dense result every step
-(on the host, fresh memory costs more than the copy it holds): the functions
-that make a tensor of the gradient's size take ``out``, memory of that size
-made once (the gradient's own), and write into it. PyTorch and numpy do;
-TensorFlow's tensors are immutable, so there ``out`` is always ``None``.
+* **Every creating function takes the tensor it is like** (``like``, or the index / value tensor it works on)
+  and makes its result on that tensor's device.
+* **Host syncs are named**: a function that reads a device value on the host, or whose output size depends
+  on the values, says "host sync" in its docstring.
+* **Results of the gradient's size may go into** ``out``, memory made once (PyTorch and numpy; TensorFlow's
+  tensors are immutable, so there ``out`` is always ``None``).
 """
 from __future__ import annotations
 
@@ -58,12 +50,10 @@ class Ops(Protocol):
     # -- state a traced graph keeps between its runs --------------------------------------------
 
     def outside_trace(self) -> ContextManager:
-        """A context in which tensors are made eagerly even while a graph is being traced (for the
-        first value of :meth:`hold`); no-op where nothing is traced."""
+        """A context that makes tensors eagerly even while a graph is traced; a no-op where nothing is."""
 
     def hold(self, x: Tensor) -> Tensor:
-        """Memory holding the eager ``x`` that a traced graph reads and :meth:`assign` writes at each
-        of its runs (TensorFlow: a ``tf.Variable``); ``x`` itself where nothing is traced."""
+        """Memory holding ``x`` that a traced graph reads and :meth:`assign` writes (TensorFlow: a ``tf.Variable``)."""
 
     def is_held(self, x: Tensor) -> bool:
         """Whether ``x`` was made by :meth:`hold`."""
@@ -72,12 +62,10 @@ class Ops(Protocol):
         """Write ``x`` (of ``held``'s shape and dtype) into ``held``: in a traced graph, at each run."""
 
     def held_value(self, held: Tensor) -> Tensor:
-        """What ``held`` holds now, left as it is by later :meth:`assign`\ s (in a traced graph, a
-        read that runs before them)."""
+        """What ``held`` holds now, unaffected by later calls of :meth:`assign`."""
 
     def unless(self, flag: Tensor, action: Callable[[], None]) -> None:
-        """Run ``action`` (writes of held memory) where the 0-d truth ``flag`` is false: eagerly at
-        once (a host sync), in a traced graph as a branch that runs with the step."""
+        """Run ``action`` where the 0-d truth ``flag`` is false: eagerly at once (host sync), traced as a branch."""
 
     # -- creating tensors (each on ``like``'s device) -------------------------------------------
 
@@ -88,54 +76,43 @@ class Ops(Protocol):
         """``0, 1, ..., n - 1`` as int64 on ``like``'s device."""
 
     def constant(self, values: Sequence[float], dtype: str, like: Tensor) -> Tensor:
-        """The host numbers ``values`` as a 1-D tensor of ``dtype`` on ``like``'s device (copied
-        without waiting for the device's queued work)."""
+        """The host numbers ``values`` as a 1-D ``dtype`` tensor on ``like``'s device (not waiting for queued work)."""
 
     def host_constant(self, values: Sequence[float], dtype: str) -> Tensor:
-        """The numbers ``values`` as a 1-D tensor of ``dtype`` in host memory: control values that
-        ride beside the gradients (the step tag), never gradient data; reading them waits for no device."""
+        """The numbers ``values`` as a 1-D ``dtype`` tensor in host memory (control values, never gradient data)."""
 
     def uniform(self, shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
-        """Uniform numbers in ``[0, 1)`` of ``like``'s floating dtype on its device, a pure
-        function of ``seed`` within a back-end and device type."""
+        """Uniform numbers in ``[0, 1)`` of ``like``'s floating dtype and device, a pure function of ``seed``
+        within a back-end and device type."""
 
     def from_numpy(self, a: np.ndarray, like: Tensor) -> Tensor:
-        """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device (restoring
-        checkpoints; not for the per-step path)."""
+        """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device (a copy)."""
 
     def adopt(self, a: np.ndarray, like: Tensor) -> Tensor:
-        """The numpy array ``a`` as a tensor like ``like``: sharing ``a``'s memory where ``like`` is in
-        host memory (the caller hands ``a`` over: no copy), copied to ``like``'s device otherwise (the
-        MPI layer's results)."""
+        """The numpy array ``a`` as a tensor like ``like``, sharing ``a``'s memory on the host, else copied."""
 
     def indicator(self, n: int, idx: Tensor, dtype: str) -> Tensor:
         """A length-``n`` vector of ``dtype``, 1 at ``idx`` and 0 elsewhere, on ``idx``'s device."""
 
     def scatter(self, n: int, idx: Tensor, values: Tensor, out: Tensor | None = None, clear: bool = True) -> Tensor:
-        """A length-``n`` vector, ``values`` at ``idx`` (distinct) and 0 elsewhere, on ``values``' device
-        (written into the length-``n`` vector ``out`` when given, and that returned; ``clear=False``:
-        ``out`` holds 0 outside ``idx`` already, and only ``idx`` is written)."""
+        """A length-``n`` vector, ``values`` at the distinct ``idx`` and 0 elsewhere (into ``out`` when given;
+        ``clear=False``: ``out`` is 0 outside ``idx`` already)."""
 
     def scatter_add(self, n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) -> Tensor:
-        """A length-``n`` vector holding at each index the sum of the ``values`` given for it
-        (written into the length-``n`` vector ``out`` when given, and that returned)."""
+        """A length-``n`` vector, at each index the sum of the ``values`` given for it (into ``out`` when given)."""
 
     def axpy(self, a: float, x: Tensor, y: Tensor, out: Tensor | None = None) -> Tensor:
-        """``a * x + y`` in one pass (written into ``out``, of their shape, when given, which may be
-        ``x`` itself, and that returned)."""
+        """``a * x + y`` in one pass (into ``out`` when given, which may be ``x``)."""
 
     def zero_at(self, x: Tensor, idx: Tensor, out: Tensor | None = None) -> Tensor:
-        """``x`` with the entries at the flat positions ``idx`` set to 0 (written into ``out`` when
-        given, which may be ``x`` itself, and that returned)."""
+        """``x`` with the flat positions ``idx`` set to 0 (into ``out`` when given, which may be ``x``)."""
 
     def same_memory(self, a: Tensor, b: Tensor) -> bool:
-        """Whether ``a`` and ``b`` start at the same element of one memory, in one dtype (TensorFlow:
-        never, its tensors are not written into)."""
+        """Whether ``a`` and ``b`` start at the same element of one memory, in one dtype (TensorFlow: never)."""
 
     def into(self, out: Tensor, x: Tensor) -> Tensor:
-        """``x`` (of ``out``'s number of elements, any dtype) written into ``out`` as ``out``'s shape
-        and dtype, one read and one write; ``out`` returned, and nothing copied when ``x`` is
-        ``out``'s memory already (TensorFlow: raises, nothing is written into there)."""
+        """``x`` (of ``out``'s size, any dtype) written into ``out`` in its shape and dtype, and ``out`` returned;
+        no copy when ``x`` is ``out``'s memory already (TensorFlow: raises)."""
 
     def add_rows(self, x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
         """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
@@ -149,10 +126,10 @@ class Ops(Protocol):
         """A copy of ``x`` in host memory, complete on return (host sync)."""
 
     def to_device(self, x: Tensor, like: Tensor) -> Tensor:
-        """``x`` (host) on ``like``'s device (from pageable host memory: a host sync on CUDA)."""
+        """``x`` (host) on ``like``'s device (a host sync on CUDA)."""
 
     def synchronize(self, x: Tensor) -> None:
-        """Block until ``x`` and the device work queued before it are done (for timing; host sync)."""
+        """Block until ``x`` and the device work queued before it are done (host sync)."""
 
     # -- shaping and element-wise ---------------------------------------------------------------
 
@@ -219,8 +196,7 @@ class Ops(Protocol):
         """The minimum of ``x`` (along ``axis``)."""
 
     def bucket_norms(self, x: Tensor, size: int, order: float) -> Tensor:
-        """The ``order``-norm (1, 2 or ``inf``) of each run of ``size`` consecutive entries of the vector
-        ``x`` (the last run may be shorter), as a vector of ``x``'s dtype; NaN propagates."""
+        """The ``order``-norm (1, 2 or ``inf``) of each run of ``size`` entries of the vector ``x``; NaN propagates."""
 
     def sqnorm(self, x: Tensor) -> Tensor:
         """``sum x^2``, accumulated in float64, as a 0-d float64 tensor on ``x``'s device."""
@@ -235,42 +211,33 @@ class Ops(Protocol):
         """The bitwise OR of the rows of an integer matrix."""
 
     def orthonormalize(self, x2d: Tensor) -> Tensor:
-        """Orthonormal columns spanning those of the ``n x r`` matrix ``x2d`` (``n >= r``): the Q of
-        its reduced QR decomposition (Householder, so rank-deficient inputs still give orthonormal Q)."""
+        """Orthonormal columns spanning those of the ``n x r`` matrix ``x2d`` (``n >= r``): its reduced QR's Q."""
 
     # -- stochastic rounding ----------------------------------------------------------------
 
     def stochastic_round(self, x: Tensor, scales: Tensor, size: int, limit: int, seed: int, dtype: str) -> Tensor:
-        """Each ``y_i = x_i * scales[i // size]`` of the vector ``x`` rounded to an integer, up with the
-        probability of its fraction and down otherwise (``floor(y_i + u_i)``, ``u_i`` uniform in
-        ``[0, 1)``, so ``E[result_i] = y_i``), clipped to ``[-limit, limit]``, as the integer ``dtype``.
-        The draws are a pure function of ``seed`` within a back-end and device type, with at least 16
-        random bits each (a bias of at most ``2^-17``, no more than float32's own rounding of ``y``
-        near 127)."""
+        """``floor(y_i + u_i)`` of ``y_i = x_i * scales[i // size]``, ``u_i`` uniform in ``[0, 1)`` (so
+        ``E[result_i] = y_i``), clipped to ``[-limit, limit]``, as the integer ``dtype``. The draws, of at least
+        16 random bits each, are a pure function of ``seed`` within a back-end and device type."""
 
     def scaled_sum(self, codes: Tensor, scales: Tensor, size: int, out: Tensor | None = None) -> Tensor:
-        """``sum_r codes[r, i] * scales[r, i // size]`` for the integer matrix ``codes`` (one row per
-        rank) and the float matrix ``scales``: a vector of ``codes``' row length and ``scales``' dtype
-        (written into ``out``, of that length and dtype, when given)."""
+        """``sum_r codes[r, i] * scales[r, i // size]`` (one row per rank), in ``scales``' dtype (into ``out``)."""
 
     def sign_sum(self, bits: Tensor, scales: Tensor, n: int, out: Tensor | None = None) -> Tensor:
-        """``sum_r scales[r] * (2 b_ri - 1)`` over the first ``n`` bits ``b_r`` of each row of the packed
-        uint8 matrix ``bits`` (one row per rank, :meth:`pack_bits`' order) and the vector ``scales``: a
-        vector of length ``n`` and ``scales``' dtype (written into ``out``, of that length and dtype, when given)."""
+        """``sum_r scales[r] * (2 b_ri - 1)`` over the first ``n`` bits of each row of the packed uint8 ``bits``
+        (one row per rank, :meth:`pack_bits`' order), in ``scales``' dtype (into ``out`` when given)."""
 
     # -- selecting (output sizes marked "host sync" depend on the values) -----------------------
 
     def topk_abs(self, x: Tensor, k: int) -> Tensor:
-        """int64 indices of the ``k`` entries of the vector ``x`` largest in magnitude (ties: any;
-        NaN ranks largest); no host sync."""
+        """int64 indices of the ``k`` entries of the vector ``x`` largest in magnitude (ties: any; NaN largest)."""
 
     def select_abs_at_least(self, x: Tensor, threshold: Tensor, limit: int) -> Tensor:
-        """int64 indices of the entries of the vector ``x`` with ``|x| >= threshold``, at most the
-        ``limit`` largest in magnitude of them; NaN qualifies and ranks largest (host sync: the count)."""
+        """int64 indices of the entries of the vector ``x`` with ``|x| >= threshold``, at most the ``limit``
+        largest in magnitude; NaN qualifies and ranks largest (host sync: the count)."""
 
     def nonzero_rows(self, x2d: Tensor) -> Tensor:
-        """int64 indices of the rows of ``x2d`` with a bit set: NaN and -0.0 count as non-zero (a zero
-        row sent costs bytes, never exactness), and no back-end compares floats (host sync: the count)."""
+        """int64 indices of the rows of ``x2d`` with a bit set, NaN and -0.0 included (host sync: the count)."""
 
     def positive(self, x: Tensor) -> Tensor:
         """int64 indices where the vector ``x`` is > 0 (host sync: the count)."""
@@ -279,14 +246,12 @@ class Ops(Protocol):
         """The entries of the int64 vector ``x`` below ``bound`` (host sync: the count)."""
 
     def coalesce_rows(self, indices: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Distinct row indices (int64, sorted) and the sum of the rows given for each (host sync:
-        the count)."""
+        """Distinct row indices (int64, sorted) and the sum of the rows given for each (host sync: the count)."""
 
     # -- bits -----------------------------------------------------------------------------------
 
     def pack_bits(self, mask: Tensor) -> Tensor:
-        """The truth values of the vector ``mask`` as uint8, 8 per byte, first in the highest bit,
-        the last byte padded with zeros."""
+        """The vector ``mask`` as uint8, 8 truths a byte, highest bit first, the last byte zero-padded."""
 
     def sign_bits(self, x: Tensor) -> Tensor:
         """:meth:`pack_bits` of ``x >= 0`` for the vector ``x`` (NaN: 0)."""
@@ -303,16 +268,12 @@ class Ops(Protocol):
         """Whether every 0-d truth in ``flags`` holds: one host sync for all of them."""
 
     def check_true(self, flag: Tensor, message: str) -> None:
-        """Raise ``ValueError(message)`` unless ``flag`` holds (host sync; inside ``tf.function``
-        an assertion that runs with the step)."""
+        """Raise ``ValueError(message)`` unless ``flag`` holds (host sync; in ``tf.function`` an assertion)."""
 
     def check_finite(self, x: Tensor, message: str) -> Tensor:
-        """``x``, after raising ``FloatingPointError(message)`` if it holds NaN or Inf (host sync;
-        TensorFlow: an assertion that raises its ``InvalidArgumentError`` with ``message`` when it
-        runs, eagerly or with the step inside ``tf.function``)."""
+        """``x``, after raising ``FloatingPointError(message)`` if it holds NaN or Inf (host sync; TensorFlow:
+        an assertion raising ``InvalidArgumentError``)."""
 
     def call_if(self, flag: Tensor | bool, fn: Callable[..., None], values: Sequence[Tensor | int]) -> None:
-        """Call ``fn`` with ``values`` as numpy on the host when the truth ``flag`` holds (a warning
-        from reduced values): at once (host sync); inside ``tf.function`` a conditional op that runs
-        with the step, its ``flag`` read on the host as an assertion's is, ``values`` copied only when
-        it holds."""
+        """Call ``fn`` with ``values`` as numpy when the truth ``flag`` holds (host sync; in ``tf.function`` a
+        conditional op that runs with the step)."""

@@ -1,5 +1,4 @@
-"""NumPy back-end of :mod:`hvdsketch.ops` (reference and MPI layer; the contract:
-:class:`hvdsketch.ops.contract.Ops`). Everything lives in host memory, so ``like`` only types."""
+"""NumPy back-end of :mod:`hvdsketch.ops` (the contract: :class:`hvdsketch.ops.contract.Ops`); all in host memory."""
 from __future__ import annotations
 
 import contextlib
@@ -61,19 +60,16 @@ def split(x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
 
 
 def pad(x: Tensor, n: int) -> Tensor:
-    """``x`` (1-D) followed by ``n`` zeros."""
     return x if n == 0 else np.concatenate([x, np.zeros(n, dtype=x.dtype)])
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
-    """int64 indices of the rows of ``x2d`` with a bit set (NaN and -0.0 count as non-zero): one
-    OR-reduction of it read as integers of the same size (one pass, no temporary the size of ``x2d``)."""
+    """One OR-reduction of the rows read as integers of the same size."""
     bits = x2d.view(f"i{x2d.dtype.itemsize}")
     return np.flatnonzero(np.bitwise_or.reduce(bits, axis=1)).astype(np.int64, copy=False)
 
 
 def positive(x: Tensor) -> Tensor:
-    """int64 indices where ``x`` (1-D) is > 0."""
     return np.flatnonzero(x > 0).astype(np.int64)
 
 
@@ -100,7 +96,7 @@ def scatter_add(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) 
 
 
 def _zeroed(n: int, values: Tensor, out: Tensor | None) -> Tensor:
-    """``out`` set to zeros, or new zeros of ``values``' dtype."""
+    """``out`` set to zeros, or new zeros like ``values``."""
     if out is None:
         return np.zeros(n, dtype=values.dtype)
     out.fill(0)
@@ -132,7 +128,6 @@ def into(out: Tensor, x: Tensor) -> Tensor:
 
 
 def add_rows(x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
-    """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
     out = np.array(x, copy=True)
     np.add.at(out, indices, rows.astype(x.dtype, copy=False))
     return out
@@ -151,22 +146,18 @@ def cumsum(x: Tensor) -> Tensor:
 
 
 def outer_add(a: Tensor, b: Tensor) -> Tensor:
-    """Flattened ``a[:, None] + b[None, :]``."""
     return (a[:, None] + b[None, :]).reshape(-1)
 
 
 def where_less(x: Tensor, bound: int) -> Tensor:
-    """The entries of the int64 vector ``x`` that are < ``bound``."""
     return x[x < bound]
 
 
 def all_finite_flag(x: Tensor) -> Tensor:
-    """A 0-d truth: every element of ``x`` is finite."""
     return np.isfinite(x).all()
 
 
 def all_true(flags: Sequence[Tensor]) -> bool:
-    """Whether every 0-d truth in ``flags`` holds."""
     return bool(np.all([bool(f) for f in flags]))
 
 
@@ -195,7 +186,6 @@ def nbytes(x: Tensor) -> int:
 
 
 def coalesce_rows(indices: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-    """Distinct row indices (int64, sorted) and the sum of the rows given for each."""
     rows, inverse = np.unique(indices.astype(np.int64), return_inverse=True)
     summed = np.zeros((len(rows),) + values.shape[1:], dtype=values.dtype)
     np.add.at(summed, inverse, values)
@@ -203,7 +193,6 @@ def coalesce_rows(indices: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def bitwise_or_rows(x2d: Tensor) -> Tensor:
-    """Bitwise OR of the rows of an integer matrix."""
     out = x2d[0]
     for row in x2d[1:]:
         out = out | row
@@ -242,29 +231,24 @@ def sign_sum(bits: Tensor, scales: Tensor, n: int, out: Tensor | None = None) ->
 
 
 def sqnorm(x: Tensor) -> Tensor:
-    """Sum of squares of ``x``, accumulated in float64 (0-d)."""
     return np.asarray(np.sum(np.square(x, dtype=np.float64)))
 
 
 def topk_abs(x: Tensor, k: int) -> Tensor:
-    """int64 indices of the ``k`` entries of the 1-D ``x`` largest in magnitude (ties: any)."""
     if k >= x.shape[0]:
         return np.arange(x.shape[0], dtype=np.int64)
     return np.argpartition(np.abs(x), x.shape[0] - k)[x.shape[0] - k:].astype(np.int64)
 
 
 def device_name(x: Tensor) -> str:
-    """Where ``x`` lives: ``"cpu"`` for host memory."""
     return "cpu"
 
 
 def to_host(x: Tensor) -> Tensor:
-    """A copy of ``x`` in host memory."""
     return np.array(x, copy=True)
 
 
 def to_device(x: Tensor, like: Tensor) -> Tensor:
-    """``x`` (host) on ``like``'s device."""
     return x
 
 
@@ -273,28 +257,23 @@ def synchronize(x: Tensor) -> None:
 
 
 def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
-    """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
     return np.array(a, copy=True)
 
 
 def adopt(a: np.ndarray, like: Tensor) -> Tensor:
-    """The numpy array ``a`` as a tensor like ``like``, sharing ``a``'s memory where ``like`` is in
-    host memory (the caller hands ``a`` over: no copy), copied to ``like``'s device otherwise."""
     return a
 
 
 # -- peer compressors (hvdsketch.compress: topk, randomk, dgc, qsgd, terngrad, efsignsgd, powersgd) --
 
 def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
-    """Uniform numbers in [0, 1) of ``like``'s floating dtype, a pure function of ``seed`` (PCG64)."""
+    """Drawn by NumPy's PCG64 seeded with ``seed``."""
     dtype = like.dtype if like.dtype in (np.float32, np.float64) else np.float32
     return np.random.default_rng(seed).random(shape, dtype=dtype).astype(like.dtype, copy=False)
 
 
 def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
-    """int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``; if more than
-    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any). NaN qualifies
-    and ranks largest (as in top-k), so a non-finite input always reaches the collective."""
+    """NaN qualifies (``~(|x| < threshold)``), so a non-finite input always reaches the collective."""
     idx = np.flatnonzero(~(np.abs(x) < threshold)).astype(np.int64)
     if idx.shape[0] > limit:
         idx = idx[np.argpartition(np.abs(x[idx]), idx.shape[0] - limit)[idx.shape[0] - limit:]]
@@ -331,7 +310,6 @@ def where(condition: Tensor, x: Tensor | float, y: Tensor | float) -> Tensor:
 
 
 def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tensor:
-    """``x`` limited to ``[low, high]`` element-wise (``None``: unbounded on that side)."""
     return np.clip(x, low, high)
 
 
@@ -348,14 +326,11 @@ def transpose(x2d: Tensor) -> Tensor:
 
 
 def orthonormalize(x2d: Tensor) -> Tensor:
-    """Orthonormal columns spanning those of the ``n x r`` matrix ``x2d`` (``n >= r``): the Q of
-    its reduced QR decomposition (Householder, so rank-deficient inputs still give orthonormal Q)."""
+    """Householder QR, so rank-deficient inputs still give an orthonormal Q."""
     return np.linalg.qr(x2d, mode="reduced")[0]
 
 
 def pack_bits(mask: Tensor) -> Tensor:
-    """The truth values of the 1-D ``mask`` as uint8, 8 per byte, first in the highest bit,
-    the last byte padded with zeros."""
     return np.packbits(mask.astype(bool))
 
 
@@ -364,13 +339,10 @@ def sign_bits(x: Tensor) -> Tensor:
 
 
 def unpack_bits(bits: Tensor) -> Tensor:
-    """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""
     return np.unpackbits(bits)
 
 
 def is_symbolic(x: Tensor) -> bool:
-    """True while a graph is being traced (``tf.function``): values do not exist yet and Python-side
-    state would be frozen at tracing. Never for NumPy."""
     return False
 
 

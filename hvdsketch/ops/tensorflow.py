@@ -1,10 +1,7 @@
-"""TensorFlow back-end of :mod:`hvdsketch.ops` (the contract: :class:`hvdsketch.ops.contract.Ops`);
-every function also works inside ``tf.function``.
+"""TensorFlow back-end of :mod:`hvdsketch.ops` (the contract: :class:`hvdsketch.ops.contract.Ops`).
 
-Eager TensorFlow runs an op on its default device whatever device its inputs
-are on, so the creating functions place what they make on ``like``'s device
-explicitly (inside a graph, where tensors carry no device yet, the enclosing
-placement holds).
+Every function also works inside ``tf.function``. Eager TensorFlow runs an op on its default device whatever its
+inputs' device, so creating functions place their result on ``like``'s device (in a graph the enclosing one holds).
 """
 from __future__ import annotations
 
@@ -85,7 +82,7 @@ def pad(x: Tensor, n: int) -> Tensor:
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
-    """Rows with a bit set (NaN and -0.0 count as non-zero), as the other back-ends read them."""
+    """Rows read as integers, as the other back-ends read them."""
     bits = tf.bitcast(x2d, tf.as_dtype(f"int{8 * x2d.dtype.size}"))
     return tf.reshape(tf.where(tf.reduce_any(tf.not_equal(bits, 0), axis=1)), [-1])
 
@@ -143,7 +140,6 @@ def _immutable(out: Tensor | None) -> None:
 
 
 def add_rows(x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
-    """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
     return tf.tensor_scatter_nd_add(x, tf.cast(indices, tf.int64)[:, None], tf.cast(rows, x.dtype))
 
 
@@ -168,17 +164,14 @@ def where_less(x: Tensor, bound: int) -> Tensor:
 
 
 def all_finite_flag(x: Tensor) -> Tensor:
-    """A 0-d truth: every element of ``x`` is finite."""
     return tf.reduce_all(tf.math.is_finite(x))
 
 
 def all_true(flags: Sequence[Tensor]) -> bool:
-    """Whether every 0-d truth in ``flags`` holds (eager: one host sync)."""
     return bool(tf.reduce_all(tf.stack(flags))) if flags else True
 
 
 def check_true(flag: Tensor, message: str) -> None:
-    """Eagerly raises ``ValueError``; inside ``tf.function`` an assertion that runs with the step."""
     if tf.executing_eagerly():
         if not bool(flag):
             raise ValueError(message)
@@ -204,28 +197,24 @@ def check_finite(x: Tensor, message: str) -> Tensor:
 
 
 def to_numpy(x: Tensor) -> np.ndarray:
-    """``x``'s value; a held ``tf.Variable``'s current value even while a graph is traced (a
-    checkpoint Keras saves from inside its traced save function)."""
+    """``x``'s value; a held ``tf.Variable``'s current value even while a graph is traced."""
     with tf.init_scope():
         return x.numpy()
 
 
 def nbytes(x: Tensor) -> int | None:
-    """Bytes of ``x``, or ``None`` inside ``tf.function`` when its shape is only known at run time."""
     if not x.shape.is_fully_defined():
         return None
     return x.shape.num_elements() * x.dtype.size
 
 
 def coalesce_rows(indices: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-    """Distinct row indices (int64, sorted) and the sum of the rows given for each."""
     rows = tf.sort(tf.unique(tf.cast(indices, tf.int64)).y)
     position = tf.searchsorted(rows, tf.cast(indices, tf.int64))
     return rows, tf.math.unsorted_segment_sum(values, position, tf.shape(rows)[0])
 
 
 def bitwise_or_rows(x2d: Tensor) -> Tensor:
-    """Bitwise OR of the rows of an integer matrix."""
     return tf.foldl(tf.bitwise.bitwise_or, x2d[1:], initializer=x2d[0])
 
 
@@ -253,30 +242,25 @@ def sign_sum(bits: Tensor, scales: Tensor, n: int, out: Tensor | None = None) ->
 
 
 def sqnorm(x: Tensor) -> Tensor:
-    """Sum of squares of ``x``, accumulated in float64 (0-d)."""
     return tf.reduce_sum(tf.square(tf.cast(x, tf.float64)))
 
 
 def topk_abs(x: Tensor, k: int) -> Tensor:
-    """int64 indices of the ``k`` entries of the 1-D ``x`` largest in magnitude (ties: any)."""
     k = min(k, int(x.shape[0]))
     return tf.cast(tf.math.top_k(_nan_largest(tf.abs(x)), k, sorted=False).indices, tf.int64)
 
 
 def device_name(x: Tensor) -> str:
-    """Where ``x`` lives: ``"cpu"`` for host memory."""
     device = tf.DeviceSpec.from_string(x.device or "/device:CPU:0")
     return "cpu" if device.device_type in (None, "CPU") else f"{device.device_type.lower()}:{device.device_index}"
 
 
 def to_host(x: Tensor) -> Tensor:
-    """A copy of ``x`` in host memory."""
     with tf.device("/device:CPU:0"):
         return tf.identity(x)
 
 
 def to_device(x: Tensor, like: Tensor) -> Tensor:
-    """``x`` (host) on ``like``'s device."""
     with _on(like):
         return tf.identity(x)
 
@@ -288,21 +272,19 @@ def synchronize(x: Tensor) -> None:
 
 
 def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
-    """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
     with _on(like):
         return tf.constant(a)
 
 
 def adopt(a: np.ndarray, like: Tensor) -> Tensor:
-    """The numpy array ``a`` as a tensor like ``like`` (TensorFlow copies it), on ``like``'s device."""
+    """TensorFlow copies ``a``: :func:`from_numpy`."""
     return from_numpy(a, like)
 
 
 # -- peer compressors (hvdsketch.compress: topk, randomk, dgc, qsgd, terngrad, efsignsgd, powersgd) --
 
 def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
-    """Uniform numbers in [0, 1) of ``like``'s floating dtype, a pure function of ``seed``
-    (``tf.random.stateless_uniform``, so the same inside ``tf.function``)."""
+    """``tf.random.stateless_uniform``, so the same inside ``tf.function``."""
     shape = [shape] if isinstance(shape, int) else list(shape)
     with _on(like):
         return tf.random.stateless_uniform(shape, seed=tf.constant([seed >> 32, seed & 0xFFFFFFFF], tf.int64),
@@ -310,9 +292,7 @@ def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
 
 
 def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
-    """int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``; if more than
-    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any). NaN qualifies
-    and ranks largest (as in top-k), so a non-finite input always reaches the collective."""
+    """NaN qualifies and ranks largest, so a non-finite input always reaches the collective."""
     magnitude = _nan_largest(tf.abs(x))
     idx = tf.reshape(tf.where(tf.logical_not(magnitude < threshold)), [-1])
     kept = tf.math.top_k(tf.gather(magnitude, idx), tf.minimum(tf.size(idx), limit), sorted=False).indices
@@ -357,7 +337,6 @@ def where(condition: Tensor, x: Tensor | float, y: Tensor | float) -> Tensor:
 
 
 def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tensor:
-    """``x`` limited to ``[low, high]`` element-wise (``None``: unbounded on that side)."""
     if low is not None:
         x = tf.maximum(x, tf.cast(low, x.dtype))
     if high is not None:
@@ -379,14 +358,11 @@ def transpose(x2d: Tensor) -> Tensor:
 
 
 def orthonormalize(x2d: Tensor) -> Tensor:
-    """Orthonormal columns spanning those of the ``n x r`` matrix ``x2d`` (``n >= r``): the Q of
-    its reduced QR decomposition (Householder, so rank-deficient inputs still give orthonormal Q)."""
+    """Householder QR, so rank-deficient inputs still give an orthonormal Q."""
     return tf.linalg.qr(x2d, full_matrices=False).q
 
 
 def pack_bits(mask: Tensor) -> Tensor:
-    """The truth values of the 1-D ``mask`` as uint8, 8 per byte, first in the highest bit,
-    the last byte padded with zeros."""
     bits = tf.cast(mask, tf.int32)
     bits = tf.reshape(tf.pad(bits, [[0, -tf.size(bits) % 8]]), [-1, 8])
     return tf.cast(tf.reduce_sum(tf.bitwise.left_shift(bits, tf.range(7, -1, -1)), axis=1), tf.uint8)
@@ -397,25 +373,20 @@ def sign_bits(x: Tensor) -> Tensor:
 
 
 def unpack_bits(bits: Tensor) -> Tensor:
-    """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""
     shifted = tf.bitwise.right_shift(tf.cast(bits, tf.int32)[:, None], tf.range(7, -1, -1))
     return tf.cast(tf.reshape(tf.bitwise.bitwise_and(shifted, 1), [-1]), tf.uint8)
 
 
 def is_symbolic(x: Tensor) -> bool:
-    """True while a graph is being traced (``tf.function``): values do not exist yet and Python-side
-    state would be frozen at tracing."""
     return not tf.executing_eagerly()
 
 
 def outside_trace() -> ContextManager:
-    """Eager even inside ``tf.function``'s tracing (``tf.init_scope``)."""
     return tf.init_scope()
 
 
 def hold(x: Tensor) -> Tensor:
-    """A ``tf.Variable`` with ``x``'s value, made outside any graph being traced (so the first run
-    of a traced graph reads ``x``, and each run reads what the last assigned)."""
+    """A ``tf.Variable`` of ``x``, made outside any graph being traced (its first run reads ``x``)."""
     with tf.init_scope():
         return tf.Variable(x, trainable=False)
 

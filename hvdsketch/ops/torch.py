@@ -1,8 +1,6 @@
 """PyTorch back-end of :mod:`hvdsketch.ops` (the contract: :class:`hvdsketch.ops.contract.Ops`).
 
-On CUDA, copying pageable host memory to the device makes the host wait for
-all queued device work; small host numbers (:func:`constant`) therefore go
-through pinned memory, asynchronously.
+Host tensors use the block-wise kernels of :mod:`hvdsketch.ops.torch_host` where they save a pass or a temporary.
 """
 from __future__ import annotations
 
@@ -82,9 +80,7 @@ def pad(x: Tensor, n: int) -> Tensor:
 
 
 def nonzero_rows(x2d: Tensor) -> Tensor:
-    """int64 indices of the rows of ``x2d`` with a bit set (NaN and -0.0 count as non-zero), read as
-    integers of the same size: on the host one OR-reduction by NumPy (one pass, no temporary the size of
-    ``x2d``), on a device a row whose largest and smallest integer are 0."""
+    """Rows read as integers: on the host one NumPy OR-reduction, on a device their max and min compared to 0."""
     if x2d.shape[1] == 0:
         return torch.zeros(0, dtype=torch.int64, device=x2d.device)
     bits = x2d.detach().view(_DTYPES[f"int{8 * x2d.element_size()}"])
@@ -104,8 +100,7 @@ def indicator(n: int, idx: Tensor, dtype: str) -> Tensor:
 
 
 def gather(x: Tensor, idx: Tensor) -> Tensor:
-    """``x[idx]`` by ``index_select`` (the rows of ``x`` at the flat ``idx``, shaped as ``idx``), cheaper
-    than advanced indexing on the host."""
+    """``x[idx]`` by ``index_select`` (the rows of ``x`` at the flat ``idx``, shaped as ``idx``)."""
     idx = idx.to(x.device)
     return torch.index_select(x, 0, idx.reshape(-1)).reshape(*idx.shape, *x.shape[1:])
 
@@ -121,7 +116,7 @@ def scatter_add(n: int, idx: Tensor, values: Tensor, out: Tensor | None = None) 
 
 
 def _zeroed(n: int, values: Tensor, out: Tensor | None) -> Tensor:
-    """``out`` set to zeros, or new zeros of ``values``' dtype and device."""
+    """``out`` set to zeros, or new zeros like ``values``."""
     return torch.zeros(n, dtype=values.dtype, device=values.device) if out is None else out.zero_()
 
 
@@ -150,7 +145,6 @@ def into(out: Tensor, x: Tensor) -> Tensor:
 
 
 def add_rows(x: Tensor, indices: Tensor, rows: Tensor) -> Tensor:
-    """``x`` with ``rows[k]`` added to its row ``indices[k]`` (repeats add up), as a new tensor."""
     return x.clone().index_add_(0, indices.to(x.device), rows.to(x.dtype))
 
 
@@ -175,18 +169,13 @@ def where_less(x: Tensor, bound: int) -> Tensor:
 
 
 def all_finite_flag(x: Tensor) -> Tensor:
-    """A 0-d truth on ``x``'s device: every element of ``x`` is finite (no host sync).
-
-    Read from ``x``'s least and largest values, one pass and no temporary: both are finite exactly
-    when every element is (a NaN makes both NaN), where ``torch.isfinite(x).all()`` makes three
-    temporaries the size of ``x``."""
+    """From ``x``'s least and largest values, finite exactly when every element is (NaN makes both NaN)."""
     if x.numel() == 0:
         return torch.ones((), dtype=torch.bool, device=x.device)
     return torch.stack(torch.aminmax(x)).isfinite().all()
 
 
 def all_true(flags: Sequence[Tensor]) -> bool:
-    """Whether every 0-d truth in ``flags`` holds: one host sync for all of them."""
     return bool(torch.stack([f.reshape(()) for f in flags]).all()) if flags else True
 
 
@@ -215,14 +204,12 @@ def nbytes(x: Tensor) -> int:
 
 
 def coalesce_rows(indices: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-    """Distinct row indices (int64, sorted) and the sum of the rows given for each."""
     rows, inverse = torch.unique(indices.to(torch.int64), return_inverse=True)
     summed = torch.zeros((len(rows),) + tuple(values.shape[1:]), dtype=values.dtype, device=values.device)
     return rows, summed.index_add_(0, inverse, values)
 
 
 def bitwise_or_rows(x2d: Tensor) -> Tensor:
-    """Bitwise OR of the rows of an integer matrix."""
     out = x2d[0]
     for row in x2d[1:]:
         out = out | row
@@ -232,63 +219,51 @@ def bitwise_or_rows(x2d: Tensor) -> Tensor:
 # -- residual memory (hvdsketch.memory) ------------------------------------
 
 def sqnorm(x: Tensor) -> Tensor:
-    """Sum of squares of ``x``, accumulated in float64: a 0-d tensor on ``x``'s device."""
     return torch.sum(torch.square(x.detach().to(torch.float64)))
 
 
 def topk_abs(x: Tensor, k: int) -> Tensor:
-    """int64 indices of the ``k`` entries of the 1-D ``x`` largest in magnitude (ties: any); on the
-    host by a sampled threshold and one pass (:func:`hvdsketch.ops.torch_host.topk_abs`)."""
+    """On the host by a sampled threshold (:func:`hvdsketch.ops.torch_host.topk_abs`)."""
     if x.device.type == "cpu":
         return torch_host.topk_abs(x, k)
     return torch.topk(x.abs(), min(k, x.shape[0]), sorted=False).indices
 
 
 def device_name(x: Tensor) -> str:
-    """Where ``x`` lives: ``"cpu"`` for host memory."""
     return str(x.device)
 
 
 def to_host(x: Tensor) -> Tensor:
-    """A copy of ``x`` in host memory (synchronous, so the copy is complete on return)."""
     return x.detach().to("cpu", copy=True)
 
 
 def to_device(x: Tensor, like: Tensor) -> Tensor:
-    """``x`` (host) on ``like``'s device."""
     return x.to(like.device)
 
 
 def synchronize(x: Tensor) -> None:
-    """Block until ``x`` and the device work queued before it are done."""
     if x.device.type == "cuda":
         torch.cuda.synchronize(x.device)
 
 
 def from_numpy(a: np.ndarray, like: Tensor) -> Tensor:
-    """The numpy array ``a`` as a tensor of ``like``'s back-end on ``like``'s device."""
     return torch.from_numpy(np.array(a, copy=True)).to(like.device)
 
 
 def adopt(a: np.ndarray, like: Tensor) -> Tensor:
-    """The numpy array ``a`` as a tensor like ``like``, sharing ``a``'s memory where ``like`` is in
-    host memory (the caller hands ``a`` over: no copy), copied to ``like``'s device otherwise."""
     return torch.from_numpy(a).to(like.device)
 
 
 # -- peer compressors (hvdsketch.compress: topk, randomk, dgc, qsgd, terngrad, efsignsgd, powersgd) --
 
 def uniform(shape: int | Sequence[int], seed: int, like: Tensor) -> Tensor:
-    """Uniform numbers in [0, 1) of ``like``'s floating dtype and device, a pure function of
-    ``seed`` (a ``torch.Generator`` on that device)."""
+    """Drawn by a ``torch.Generator`` on ``like``'s device, seeded with ``seed``."""
     generator = torch.Generator(device=like.device).manual_seed(seed)
     return torch.rand(shape, generator=generator, dtype=like.dtype, device=like.device)
 
 
 def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
-    """int64 indices of the entries of the 1-D ``x`` with ``|x| >= threshold``; if more than
-    ``limit`` qualify, only the ``limit`` of them largest in magnitude (ties: any). NaN qualifies
-    and ranks largest (as in top-k), so a non-finite input always reaches the collective."""
+    """NaN qualifies (``~(|x| < threshold)``), so a non-finite input always reaches the collective."""
     if x.device.type != "cpu":
         idx = torch.nonzero(~(x.abs() < threshold)).reshape(-1)
     elif float(threshold) > 0:
@@ -299,9 +274,7 @@ def select_abs_at_least(x: Tensor, threshold: Tensor, limit: int) -> Tensor:
 
 
 def bucket_norms(x: Tensor, size: int, order: float) -> Tensor:
-    """Norms of the whole buckets as a matrix and of the shorter last one apart (no padded copy);
-    the infinity norm as the larger of ``max`` and ``-min`` (no ``|x|`` temporary: a pass each); the
-    L1 norm of float32 and float64 on the host in blocks (:func:`hvdsketch.ops.torch_host.l1_norms`)."""
+    """Whole buckets as a matrix, the last apart; on the host L1 by :func:`hvdsketch.ops.torch_host.l1_norms`."""
     if order == 1 and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
         return torch_host.l1_norms(x, size)
     whole = x.shape[0] - x.shape[0] % size
@@ -322,8 +295,7 @@ def scaled_sum(codes: Tensor, scales: Tensor, size: int, out: Tensor | None = No
 
 
 def sign_sum(bits: Tensor, scales: Tensor, n: int, out: Tensor | None = None) -> Tensor:
-    """On the host :func:`hvdsketch.ops.torch_host.sign_sum` (a table of each byte's signs); on a device
-    the bits unpacked to -1 / +1 and :func:`scaled_sum`."""
+    """On the host :func:`hvdsketch.ops.torch_host.sign_sum`; on a device the bits as -1 / +1 and :func:`scaled_sum`."""
     if bits.device.type == "cpu":
         return torch_host.sign_sum(bits, scales, n, out)
     signs = 2 * unpack_bits(bits.reshape(-1)).to(torch.int8).reshape(bits.shape[0], -1)[:, :n] - 1
@@ -359,13 +331,11 @@ def where(condition: Tensor, x: Tensor | float, y: Tensor | float) -> Tensor:
 
 
 def clip(x: Tensor, low: float | None = None, high: float | None = None) -> Tensor:
-    """``x`` limited to ``[low, high]`` element-wise (``None``: unbounded on that side)."""
     return torch.clamp(x, low, high)
 
 
 def matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
-    """On the host, a large product of a small inner dimension (PowerSGD's ``P Q^T``) in blocks of rows
-    (:func:`hvdsketch.ops.torch_host.product`)."""
+    """On the host, large products in blocks of rows (:func:`hvdsketch.ops.torch_host.product`)."""
     if _host_product(a, b):
         return torch_host.product(a, b, out)
     return torch.matmul(a, b, out=out)
@@ -378,8 +348,7 @@ def sub_matmul(c: Tensor, a: Tensor, b: Tensor) -> Tensor:
 
 
 def _host_product(a: Tensor, b: Tensor) -> bool:
-    """A product on the host worth doing in blocks: a result of more than a block, an inner dimension
-    of 2 or more (of 1, MKL's own outer product is the better)."""
+    """A host product worth doing in blocks: a result over a block, an inner dimension of 2 or more."""
     return (a.device.type == "cpu" and a.dim() == b.dim() == 2 and a.shape[1] > 1
             and a.shape[0] * b.shape[1] > torch_host.BLOCK)
 
@@ -389,20 +358,17 @@ def transpose(x2d: Tensor) -> Tensor:
 
 
 def orthonormalize(x2d: Tensor) -> Tensor:
-    """Orthonormal columns spanning those of the ``n x r`` matrix ``x2d`` (``n >= r``): the Q of
-    its reduced QR decomposition (Householder, so rank-deficient inputs still give orthonormal Q)."""
+    """Householder QR, so rank-deficient inputs still give an orthonormal Q."""
     return torch.linalg.qr(x2d, mode="reduced").Q
 
 
 def _bit_shifts(like: Tensor) -> Tensor:
-    """``7, 6, ..., 0`` as uint8, made on ``like``'s device (no copy from the host)."""
+    """``7, 6, ..., 0`` as uint8 on ``like``'s device."""
     return torch.arange(7, -1, -1, dtype=torch.uint8, device=like.device)
 
 
 def pack_bits(mask: Tensor) -> Tensor:
-    """The truth values of the 1-D ``mask`` as uint8, 8 per byte, first in the highest bit,
-    the last byte padded with zeros."""
-    if mask.device.type == "cpu":  # NumPy's packbits: one pass, no temporaries
+    if mask.device.type == "cpu":
         return torch.from_numpy(np.packbits(mask.numpy()))
     bits = pad(mask.to(torch.uint8), -mask.shape[0] % 8).reshape(-1, 8)
     return (bits << _bit_shifts(mask)).sum(dim=1, dtype=torch.uint8)
@@ -416,15 +382,12 @@ def sign_bits(x: Tensor) -> Tensor:
 
 
 def unpack_bits(bits: Tensor) -> Tensor:
-    """Every bit of the uint8 vector ``bits`` as a uint8 0 or 1, highest bit first."""
     if bits.device.type == "cpu":
         return torch.from_numpy(np.unpackbits(bits.numpy()))
     return ((bits[:, None] >> _bit_shifts(bits)) & 1).reshape(-1)
 
 
 def is_symbolic(x: Tensor) -> bool:
-    """True while a graph is being traced (``tf.function``): values do not exist yet and Python-side
-    state would be frozen at tracing. Never for PyTorch's eager tensors."""
     return False
 
 

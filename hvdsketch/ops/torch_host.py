@@ -1,15 +1,8 @@
 """Host-memory kernels of the PyTorch back-end, done block by block.
 
-On the host, a fresh tensor the size of a gradient costs more than the pass
-that fills it: memory above glibc's mmap threshold (32 MiB at most) comes
-from the kernel on every allocation and is faulted in page by page. A chain
-of element-wise torch calls makes one such temporary per call. The kernels here walk the gradient in blocks of :data:`BLOCK` elements
-(one MiB of float32, resident in cache) through one small buffer, so the data
-is read from memory once and nothing of its size is made but the result.
-
-On an accelerator the caching allocator reuses memory and the whole-tensor
-calls are the fast ones: :mod:`hvdsketch.ops.torch` calls these only for
-tensors on the CPU, or (the quantizers' kernels) as one block on a device.
+Each kernel walks the gradient in blocks of :data:`BLOCK` elements through one small buffer, so the data is read
+once and no temporary of its size is made but the result. :mod:`hvdsketch.ops.torch` calls them for host tensors,
+and the quantizers' kernels as one block on a device.
 """
 from __future__ import annotations
 
@@ -19,12 +12,13 @@ from typing import Callable
 import numpy as np
 import torch
 
+#: Elements per block of the host kernels (one MiB of float32).
 BLOCK = 1 << 18
 
-#: Below this many elements (or when more than 1/8 are kept) ``torch.topk`` itself is as fast.
+#: Below this many elements (or when more than 1/8 are kept) :func:`topk_abs` calls ``torch.topk`` itself.
 SAMPLED_MIN = 1 << 16
 
-#: The sample of :func:`topk_abs` is taken in runs of this many consecutive entries (one cache line of float32).
+#: The sample of :func:`topk_abs` is taken in runs of this many consecutive entries.
 RUN = 16
 
 
@@ -34,9 +28,8 @@ def _numpy(block: torch.Tensor) -> np.ndarray:
 
 
 def _indices(x: torch.Tensor, mark: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> torch.Tensor:
-    """int64 indices of the entries of the host vector ``x`` that ``mark(block, into)`` marks true, block
-    by block (``mark`` writes a block's truths into the bool buffer ``into`` and returns it), NumPy
-    comparing (``flatnonzero``), the cheaper on the host than ``torch.nonzero``."""
+    """int64 indices of the entries of the host vector ``x`` that ``mark(block, into)`` marks true, block by
+    block (``mark`` writes a block's truths into the bool buffer ``into`` and returns it)."""
     n = x.shape[0]
     into = np.empty(min(BLOCK, n), dtype=bool)
     return torch.from_numpy(np.concatenate([
@@ -67,13 +60,9 @@ def _largest(x: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:
 def topk_abs(x: torch.Tensor, k: int) -> torch.Tensor:
     """int64 indices of ``k`` entries of the vector ``x`` largest in magnitude (ties: any, NaN largest).
 
-    A threshold is read off a sample of ``x`` (``s`` entries in runs of :data:`RUN` at positions
-    drawn with a fixed seed, ``s`` chosen so that about 128 of them are above the k-th largest, at
-    most ``n / 64``), lowered by three standard deviations of that count so that at least ``k``
-    entries reach it; one pass then finds those (about ``1.3 k``), and ``torch.topk`` of them gives
-    the exact top-k. Where the threshold
-    is 0 (more than ``n - k`` zeros), or the sample misjudged and fewer than ``k`` reach it, the
-    top-k of the non-zeros is taken instead, and zeros fill it up to ``k``.
+    A threshold from a seeded sample of ``x`` (about 128 entries above the k-th largest, lowered by three
+    standard deviations) selects the candidates in one pass, and ``torch.topk`` of them is the exact top-k. Where
+    the threshold is 0 or too few reach it, the top-k of the non-zeros is taken, filled up to ``k`` with zeros.
     """
     n = x.shape[0]
     k = min(k, n)
@@ -104,9 +93,7 @@ def _zeros(nonzero: torch.Tensor, count: int) -> torch.Tensor:
 
 def product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None,
             minuend: torch.Tensor | None = None) -> torch.Tensor:
-    """The matrix product ``a b`` (``minuend - a b`` where given) into ``out`` (or new), a block of
-    rows of ``a`` at a time, each block of the result (:data:`BLOCK` / 4 entries) written while it
-    is in cache. PowerSGD's ``P Q^T`` (``a`` tall, of few columns) is where this counts."""
+    """The matrix product ``a b`` (``minuend - a b`` where given) into ``out`` (or new), a block of rows at a time."""
     n, m = a.shape[0], b.shape[1]
     if out is None:
         out = torch.empty((n, m), dtype=a.dtype, device=a.device)
@@ -123,14 +110,13 @@ def product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None,
 # -- stochastic rounding ----------------------------------------------------------------------
 
 def _block(x: torch.Tensor) -> int:
-    """Entries per block: :data:`BLOCK` on the host, all of them on a device (its allocator reuses memory)."""
+    """Entries per block: :data:`BLOCK` on the host, all of them on a device."""
     return BLOCK if x.device.type == "cpu" else max(1, x.shape[-1])
 
 
 def _spans(n: int, size: int, block: int) -> list[tuple[int, int, int, int]]:
-    """Blocks ``(start, stop, rows, width)`` of at most ``block`` entries (or one bucket where it is
-    longer), each ``rows`` whole buckets of ``width = size`` or a part of one bucket (``rows = 1``),
-    so a block is the matrix ``x[start:stop].view(rows, width)`` and its scales a column."""
+    """Blocks ``(start, stop, rows, width)`` of at most ``block`` entries: ``rows`` whole buckets of ``width = size``,
+    or part of one bucket (``rows = 1``), so a block is ``x[start:stop].view(rows, width)``."""
     if size > block:
         return [(a, min(a + block, start + size, n), 1, min(a + block, start + size, n) - a)
                 for start in range(0, n, size) for a in range(start, min(start + size, n), block)]
@@ -148,11 +134,7 @@ def stochastic_round(x: torch.Tensor, scales: torch.Tensor, size: int, limit: in
                      dtype: torch.dtype) -> torch.Tensor:
     """``floor(x_i * scales[i // size] + u_i)`` clipped to ``[-limit, limit]``, as ``dtype``.
 
-    Each ``u_i`` is 16 random bits, ``(r + 0.5) / 2^16``, four of them from each random 64-bit word
-    (:func:`_words`): a quarter of the generator's work of ``torch.rand``, whose float32 draws take
-    one call each.
-    Per block: the draws into one float buffer, then ``addcmul``, ``floor`` and ``clamp`` in place and
-    the cast into the result, so the data and the buffer pass through cache, not memory.
+    Each ``u_i`` is 16 random bits, ``(r + 0.5) / 2^16``, four of them from each random 64-bit word (:func:`_words`).
     """
     n = x.shape[0]
     block = _block(x)
@@ -172,9 +154,7 @@ def stochastic_round(x: torch.Tensor, scales: torch.Tensor, size: int, limit: in
 
 
 def _words(seed: int, most: int, device: torch.device) -> Callable[[int], torch.Tensor]:
-    """``words(m)``: the next ``m <= most`` random int64 words of a stream seeded by ``seed``. On the
-    host NumPy's SFC64 (its raw output, cheaper than ``Tensor.random_`` over the int64 range); on a
-    device torch's generator there, into one buffer."""
+    """``words(m)``: the next ``m <= most`` random int64 words seeded by ``seed`` (host: NumPy's SFC64)."""
     if device.type == "cpu":
         source = np.random.SFC64(seed)
         return lambda m: torch.from_numpy(source.random_raw(m).view(np.int64))
@@ -184,9 +164,7 @@ def _words(seed: int, most: int, device: torch.device) -> Callable[[int], torch.
 
 
 def l1_norms(x: torch.Tensor, size: int) -> torch.Tensor:
-    """The L1 norm of each bucket of ``size`` entries of the float32 or float64 vector ``x`` (the last
-    one shorter where ``size`` does not divide it): per block, ``|x|`` into one buffer and its sums
-    (no temporary of ``x``'s size, as ``torch.linalg.vector_norm`` makes)."""
+    """The L1 norm of each bucket of ``size`` entries (the last may be shorter) of the float32 or float64 ``x``."""
     n = x.shape[0]
     block = _block(x)
     norms = torch.zeros(-(-n // size), dtype=x.dtype, device=x.device)
@@ -197,8 +175,7 @@ def l1_norms(x: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def sign_bits(x: torch.Tensor) -> torch.Tensor:
-    """``x >= 0`` of the host vector ``x``, packed 8 to a byte, highest bit first: per block, NumPy's
-    comparison into one bool buffer and its ``packbits``."""
+    """``x >= 0`` of the host vector ``x``, packed 8 to a byte, highest bit first."""
     n = x.shape[0]
     packed = np.empty(-(-n // 8), dtype=np.uint8)
     into = np.empty(min(BLOCK, n), dtype=bool)
@@ -213,10 +190,8 @@ _SIGNS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).astype(n
 
 
 def sign_sum(bits: torch.Tensor, scales: torch.Tensor, n: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``sum_r scales[r] * (2 b_ri - 1)`` for the first ``n`` bits of each row of the packed ``bits``
-    (uint8, one row per rank, highest bit first): per block of bytes, each byte's eight signed scales
-    looked up in a 256-row table by ``index_select`` (into the result for the first rank, added for
-    the others), not unpacked to integers and scaled."""
+    """``sum_r scales[r] * (2 b_ri - 1)`` for the first ``n`` bits of each row of the packed ``bits`` (one row
+    a rank), each byte's eight signed scales looked up in a table of the 256 bytes."""
     world = bits.shape[0]
     if out is None:
         out = torch.empty(n, dtype=scales.dtype, device=bits.device)
@@ -242,8 +217,7 @@ def sign_sum(bits: torch.Tensor, scales: torch.Tensor, n: int, out: torch.Tensor
 
 
 def scaled_sum(codes: torch.Tensor, scales: torch.Tensor, size: int, out: torch.Tensor | None) -> torch.Tensor:
-    """``sum_r codes[r, i] * scales[r, i // size]``: per block, each rank's codes times their scales
-    added into the result's own memory (``out``, or new), never a float copy of all the codes."""
+    """``sum_r codes[r, i] * scales[r, i // size]``, added block by block into ``out`` (or new)."""
     n = codes.shape[1]
     if out is None:
         out = torch.empty(n, dtype=scales.dtype, device=codes.device)

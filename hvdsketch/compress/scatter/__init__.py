@@ -1,17 +1,12 @@
 """Reduce-scatter methods: FSDP's gradient reduction, each rank ending with its own block of the average.
 
-FSDP2 reduces a module's gradients as one reduce-scatter: every rank gives the
-whole tensor, ``N`` equal blocks along dimension 0 (rank 0's shard of every
-parameter, then rank 1's, ...), and rank ``q`` gets the average of block ``q``.
-Ownership is fixed by that layout. The methods here are compressors
-(:class:`~hvdsketch.compress.Compressor`) whose exchange ends with that block
-(:mod:`.base`), so the exchanger, error feedback, the state table and the
-policies drive them as they drive every other compressor:
+Every rank gives the whole tensor, ``N`` equal blocks along dimension 0, and rank ``q`` gets the average of block
+``q``. The methods are compressors (:class:`~hvdsketch.compress.Compressor`) whose exchange ends with that block
+(:mod:`.base`):
 
 - ``none``: FSDP's own reduce-scatter (:class:`~.dense.ScatterNone`);
 - ``fp16``: 16-bit blocks to their owners, summed there in float32 (:class:`~.dense.ScatterHalf`);
-- ``quantize``: 8, 4 or 2 bits with a scale per block of elements, the sender's rounding kept
-  as its residual (:class:`~.quantized.ScatterQuantize`);
+- ``quantize``: 8, 4 or 2 bits, a scale per block, rounding fed back (:class:`~.quantized.ScatterQuantize`);
 - ``rows``: only the non-zero rows to their owners, exact (:class:`~.rows.ScatterRows`).
 
 :func:`create` turns a flag into one; :data:`REGISTRY` maps every flag name to its class.
@@ -30,9 +25,8 @@ REGISTRY: dict[str, type[ScatterCompressor]] = {cls.name: cls for cls in (Scatte
 
 
 def create(flag: "str | _spec.Spec | Compressor", **options) -> ScatterCompressor:
-    """The reduce-scatter method a flag names (``"fp16:dtype=bfloat16"``); raises
-    :class:`hvdsketch.spec.SpecError` naming the valid choices, or where a compressor object is not
-    a reduce-scatter method."""
+    """The reduce-scatter method a flag names (``"fp16:dtype=bfloat16"``); raises :class:`hvdsketch.spec.SpecError`
+    naming the valid choices, or where a compressor object is not a reduce-scatter method."""
     if isinstance(flag, ScatterCompressor):
         return flag
     if isinstance(flag, Compressor):

@@ -1,11 +1,8 @@
 """What a reduce-scatter method is: an exchange whose result is this rank's block of the average.
 
-The tensor an exchange is given (``ctx.shape``) is cut along dimension 0 into
-``ctx.world_size`` equal blocks, block ``q`` rank ``q``'s. The exchange returns
-the average over ranks of block ``ctx.rank`` (:func:`block_shape`), written into
-``ctx.out`` when given (FSDP's output). Error feedback works as for every
-method: the residual is what this rank's messages leave out of the tensor it was
-given, the whole tensor (every block it sent), never the block it received.
+The tensor (``ctx.shape``) is cut along dimension 0 into ``ctx.world_size`` equal blocks, block ``q`` rank ``q``'s;
+the exchange returns the average of block ``ctx.rank`` (:func:`block_shape`), into ``ctx.out`` when given. The
+residual is what this rank's messages leave out of the whole tensor it was given.
 """
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ from hvdsketch.ops.contract import Ops
 
 
 def block_shape(ctx: TensorContext) -> tuple[int, ...]:
-    """The shape of one rank's block of a tensor of ``ctx.shape``; a ``ValueError`` where dimension 0
-    does not split into ``ctx.world_size`` equal blocks."""
+    """The shape of one rank's block of ``ctx.shape``; ``ValueError`` unless dimension 0 splits into equal blocks."""
     rows, size = ctx.shape[0] if ctx.shape else 0, ctx.world_size
     if not ctx.shape or rows % size:
         raise ValueError(f"hvdsketch: a reduce-scatter of {ctx.name!r} needs dimension 0 of its shape "
@@ -34,8 +30,7 @@ def equal_splits(count: int, size: int) -> dict[str, tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class Units:
-    """A tensor of ``size`` blocks as units: ``units`` a block of ``unit_len`` elements each, a flat
-    block of ``block_len`` elements zero-padded to whole units."""
+    """A tensor of ``size`` blocks, each ``block_len`` elements zero-padded to ``units`` units of ``unit_len``."""
 
     size: int
     units: int

@@ -38,15 +38,11 @@ def accumulator(dtype: str) -> str:
 
 @dataclass(frozen=True)
 class ScatterHalf(ScatterCompressor):
-    """Each block cast to 16 bits and sent to its owner (one alltoall); the owner sums the ``N``
-    blocks it receives in float32 and divides by ``N``.
+    """Each block cast to 16 bits and sent to its owner (one alltoall); the owner sums the ``N`` blocks it
+    receives in float32 and divides by ``N``.
 
-    Half the bytes of a float32 reduce-scatter, and more exact than FSDP's own 16-bit reduction
-    (``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)``), whose partial sums are rounded to 16 bits
-    at every hop: here only each rank's block is rounded, once. ``bfloat16`` keeps float32's range;
-    ``float16`` has three more bits of precision, and values beyond 65504 overflow to Inf (the
-    exchange then raises, naming the overflow). With a residual memory (``memory="fp32"``) the
-    rounding of what this rank sent is fed back.
+    Only each rank's block is rounded, once. ``bfloat16`` keeps float32's range; with ``float16`` values beyond
+    65504 overflow to Inf (the exchange then raises). With a residual memory the rounding is fed back.
 
     Bytes: ``(N - 1) / N`` of the tensor at 2 bytes an element. Host syncs: none.
 

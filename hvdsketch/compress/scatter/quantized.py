@@ -1,17 +1,9 @@
 """A quantized reduce-scatter with error feedback: small integers and a scale per block of elements.
 
-Every rank cuts each rank's block of its tensor into runs of ``block``
-elements, sends each run as its largest magnitude ``m`` (float32) and its
-elements rounded to the nearest of ``2 L + 1`` levels, ``code = round(x L / m)``
-in ``[-L, L]`` (``L = 2^(bits - 1) - 1``: 127 at 8 bits, 7 at 4), to the run's
-owner in one alltoall of codes and one of scales; the owner sums
-``code * m / L`` over the ranks in float32 and divides by ``N``. Rounding to the
-nearest level is biased per step, so the method keeps error feedback as part of
-itself (``feedback``): what each rank's codes leave out of the tensor it was
-given, every block it sent, is its residual, added to its next step's gradient
-(float32 residuals, or the store the memory's plan gives it within its budget).
-At 8 bits a rank sends ``(1 + 4 / block)`` bytes an element, a quarter of float32's
-plus the scales; at 4 bits, two codes a byte, half that.
+Each run of ``block`` elements travels to its owner as its largest magnitude ``m`` and codes
+``code = round(x L / m)`` in ``[-L, L]`` (``L = 2^(bits - 1) - 1``), in one alltoall of codes and one of scales;
+the owner sums ``code * m / L`` over the ranks in float32 and divides by ``N``. Rounding to the nearest level is
+biased, so error feedback is part of the method (``feedback``).
 """
 from __future__ import annotations
 
@@ -28,8 +20,7 @@ from hvdsketch.ops.contract import Ops
 
 @dataclass(frozen=True)
 class ScatterQuantize(ScatterCompressor):
-    """Codes of ``bits`` bits with a float32 scale per ``block`` elements to each block's owner, the
-    sender's rounding fed back (see the module's docstring).
+    """Codes of ``bits`` bits with a scale per ``block`` elements to each block's owner, rounding fed back.
 
     Host syncs: none.
 
@@ -92,8 +83,7 @@ class ScatterQuantize(ScatterCompressor):
         return tensor - layout.unpadded(ops, ops.flatten(sent), ctx)
 
     def _packed(self, ops: Ops, codes: Any) -> Any:
-        """int8 codes as they travel: as they are at 8 bits, else ``per_byte`` of them a uint8, the
-        first in the lowest bits, each offset by ``L`` to be non-negative."""
+        """int8 codes as they travel: as they are at 8 bits, else plus ``L``, ``per_byte`` a uint8, lowest first."""
         if self.bits == 8:
             return codes
         shifted = ops.reshape(ops.cast(codes, "int32") + self.levels, (-1, self.per_byte))

@@ -10,11 +10,8 @@ of the block it lies in, FSDP's fixed owner, in two rounds::
        alltoall   their values, in the tensor's dtype or the ``wire`` dtype
        -> each owner adds the rows it received into its block and divides by N
 
-Nothing is rounded unless ``wire`` narrows the values, so the average is exact
-(the sum in rank order). A rank sends ``z_other`` rows, the non-zero rows it holds
-in the other ranks' blocks, and ``4 + 4 * width`` bytes each at float32; a dense
-tensor costs its ``(N - 1) / N``, as FSDP's own reduce-scatter, plus the indices.
-With a 16-bit ``wire`` what the rounding took from this rank's rows is its residual.
+Nothing is rounded unless ``wire`` narrows the values, so the average is exact; with a 16-bit ``wire`` what the
+rounding took from this rank's rows is its residual.
 """
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ from hvdsketch.ops.contract import Ops
 
 @dataclass(frozen=True)
 class ScatterRows(ScatterCompressor):
-    """Each block's non-zero rows (units) and their indices to the block's owner; exact (see the
-    module's docstring).
+    """Each block's non-zero rows (units) and their indices to the block's owner; exact (see the module).
 
     Host syncs: two (how many rows go to each owner, and come from each rank).
 
