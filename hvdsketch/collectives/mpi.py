@@ -298,10 +298,9 @@ def alltoallv(wire: Wire, x: np.ndarray, splits: Sequence[int], context: str = "
 
 
 class MPICommunicator:
-    """hvdsketch's collectives on a duplicate of ``comm`` (default ``COMM_WORLD``).
+    """hvdsketch's collectives on a duplicate of ``comm`` (default ``COMM_WORLD``); constructing it is collective.
 
-    Constructing it is collective over ``comm``. Every rank must start the same collectives in
-    the same order (each call takes the next tag, so concurrent calls never mix messages).
+    Every rank must start the same collectives in the same order (each call takes the next tag).
     """
 
     #: Collectives match across ranks by the order of calls, not by name.
