@@ -1,13 +1,10 @@
 """The compression flag: ``name[:key=value,...]``, one string for every framework.
 
-The same string is accepted as a Python argument, as ``--compression`` on the
-command line, as the ``HVDSKETCH_COMPRESSION`` environment variable and under
-``compression:`` in a YAML config, in that order of precedence. Values are
-converted by the type of the option they name, so ``sketch:rows=3`` gives an
-``int``; options given as Python keywords (``create("sketch", rows=3)``) are
-checked against the same types. Unknown names or keys, values of the wrong type
-and floats that are not finite raise :class:`SpecError` naming the option and
-what it takes.
+It is accepted as a Python argument, as ``--compression``, as the ``HVDSKETCH_COMPRESSION`` environment variable
+and under ``compression:`` in a YAML config, in that order of precedence. Values are converted by the type of
+their option (``sketch:rows=3`` gives an ``int``); Python keywords (``create("sketch", rows=3)``) are checked
+against the same types. Unknown names or keys, values of the wrong type and floats that are not finite raise
+:class:`SpecError` naming the option and what it takes.
 """
 from __future__ import annotations
 
@@ -125,11 +122,8 @@ def _convert(text: str, kind: Any, where: str) -> Any:
 
 
 def coerce(value: Any, kind: Any, where: str) -> Any:
-    """``value`` (a Python value: a keyword argument, a YAML value) for a field of type ``kind``.
-
-    Text where the field takes no text is converted as in a flag (``"3"`` for an ``int``); an
-    ``int`` is a ``float`` too; anything else of the wrong type, and a float that is not finite,
-    raises :class:`SpecError` naming ``where`` and what it takes."""
+    """``value`` (a keyword argument, a YAML value) for a field of type ``kind``: text converted as in a flag,
+    an ``int`` taken as a ``float``; a wrong type or non-finite float raises :class:`SpecError` naming ``where``."""
     kinds, optional = _alternatives(kind)
     if value is None and optional:
         return None
@@ -151,11 +145,8 @@ def coerce(value: Any, kind: Any, where: str) -> Any:
 
 
 def build(spec: "str | Spec", registry: Mapping[str, type], kind: str = "compressor", **options: Any) -> Any:
-    """Instantiate the dataclass that ``registry`` holds under the spec's name.
-
-    Options come from the spec's text (converted by field type) or, for a bare
-    name, as Python keyword arguments (``build("sketch", registry, rows=3)``).
-    """
+    """Instantiate the dataclass that ``registry`` holds under the spec's name, options from the spec's text or,
+    for a bare name, keyword arguments (``build("sketch", registry, rows=3)``); raises :class:`SpecError`."""
     if not isinstance(spec, Spec) and (not isinstance(spec, str) or not spec.strip()):
         raise SpecError(f"a {kind} flag must be a non-empty string naming one of {', '.join(sorted(registry))} "
                         f"(options as name:key=value), got {spec!r}")
@@ -187,12 +178,9 @@ def _blank(value: Any) -> bool:
 def resolve(argument: str | None = None, cli: str | None = None,
             config: Mapping[str, Any] | None = None, key: str = "compression",
             env_var: str = ENV_VAR, default: str = "none") -> "str | Mapping[str, Any] | list":
-    """The flag in force: Python argument, then ``--compression``, then the
-    environment, then the YAML config, then ``default``. A config may give a
-    mapping or list (per-tensor rules, :mod:`hvdsketch.policy`), returned as is.
-
-    An empty (or blank) argument, ``--compression`` or config value raises :class:`SpecError`
-    instead of quietly meaning ``default``; an empty environment variable counts as unset."""
+    """The flag in force: Python argument, then ``--compression``, the environment, the YAML config, ``default``;
+    a config's mapping or list of rules (:mod:`hvdsketch.policy`) is returned as is. An empty argument,
+    ``--compression`` or config value raises :class:`SpecError`; an empty environment variable counts as unset."""
     config = config or {}
     if key in config and (config[key] is None or _blank(config[key])):
         raise SpecError(f"{key!r} in the config is empty; give a flag such as 'sketch:error=0.5' "

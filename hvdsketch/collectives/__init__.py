@@ -1,17 +1,11 @@
 """Communicators: move a compressor's messages between ranks, without blocking.
 
-A communicator has ``rank``, ``size``, ``stats``
-(:class:`~hvdsketch.collectives.stats.CommStats`) and ``start(messages, name)``,
-which starts reducing each :class:`~hvdsketch.compress.Message` by its ``op``
-(messages of one op and dtype fused into one collective) and returns a
-:class:`Handle` at once: ``test()`` says, without blocking, whether the results
-have arrived; ``wait()`` returns them. ``name`` labels the round's collectives:
-the same on every rank, and stable across steps (Horovod matches collectives
-across ranks by name and caches their negotiation by name). :mod:`.horovod` uses
-Horovod's collectives (NCCL and tensor fusion on GPUs); :mod:`.mpi` is
-hvdsketch's own mpi4py layer; :mod:`.torchdist` is ``torch.distributed``'s (the DDP
-hook's, no Horovod). :mod:`.grouping` groups a round's messages by op and dtype
-and counts their bytes alike for all of them.
+A communicator has ``rank``, ``size``, ``stats`` (:class:`~hvdsketch.collectives.stats.CommStats`) and
+``start(messages, name)``, which starts reducing each :class:`~hvdsketch.compress.Message` by its ``op`` (one
+collective per op and dtype) and returns a :class:`Handle` at once: ``test()`` says without blocking whether the
+results have arrived, ``wait()`` returns them. ``name`` labels the round's collectives, the same on every rank
+and stable across steps (Horovod matches and caches collectives by name). Implementations: :mod:`.horovod`,
+:mod:`.mpi` (hvdsketch's own) and :mod:`.torchdist`; :mod:`.grouping` is what they share.
 """
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """What every framework's communicator does alike: group a round's messages, count their bytes.
 
-A round's messages are grouped by kind and dtype (:func:`group`): ``average``,
-``sum`` and ``max`` messages of one dtype travel fused in one allreduce,
-``allgather`` and ``bor`` messages of one dtype together (an allgather each, or
-a grouped one), each ``alltoall`` and ``reduce_scatter`` alone (its splits are its own). The bytes of
-each are counted by the same formulas (:mod:`~hvdsketch.collectives.stats`)
-whichever library moves them, so reports from Horovod's collectives
-(:mod:`.horovod`) and torch.distributed's (:mod:`.torchdist`) compare:
-
-- an allreduce group: the ring allreduce of its fused bytes (:func:`count_allreduce`);
-- an allgather: ``N - 1`` copies of this rank's share sent, every other rank's
-  received, and a ``bor`` folded from the gathered rows (:func:`gathered`);
-- an alltoall: every piece but the one this rank keeps (:func:`count_alltoall`);
-- a reduce-scatter: the ring's ``(N - 1) / N`` of the tensor (:func:`count_reduce_scatter`).
+Messages are grouped by kind and dtype (:func:`group`): ``average``, ``sum`` and ``max`` fused in one allreduce,
+``allgather`` and ``bor`` together, each ``alltoall`` and ``reduce_scatter`` alone. Their bytes are counted by
+the formulas of :mod:`~hvdsketch.collectives.stats` whichever library moves them, so reports of :mod:`.horovod`
+and :mod:`.torchdist` compare.
 """
 from __future__ import annotations
 

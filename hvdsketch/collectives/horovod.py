@@ -1,19 +1,11 @@
 """Horovod's collectives as a communicator, for either framework.
 
-A round's messages are grouped by kind and dtype (Horovod's grouped ops take
-one dtype): ``average``, ``sum`` and ``max`` messages go through
-``hvd.grouped_allreduce``, ``allgather`` (sizes may differ by rank) and
-``bor`` (an allgather folded with bitwise OR, since Horovod has no bitwise
-reduction) through ``hvd.grouped_allgather``, each ``alltoall`` (split by rank, a
-sparse reduce-scatter's rows to their owners) through ``hvd.alltoall`` with its
-splits (Horovod has no grouped alltoall). Every collective is named from
-the round's name, so it is matched across ranks by name, whatever order the
-ranks start their tensors in, and Horovod's response cache, which is keyed by
-name, holds the same entries step after step. With PyTorch every group is
-started asynchronously (``*_async``) and :meth:`Handle.test` polls it, so a
-round started from a gradient's hook travels while backward goes on; with
-TensorFlow the ops are scheduled by TensorFlow (inside ``tf.function`` the
-runtime starts each as soon as its inputs exist).
+A round's messages are grouped by kind and dtype (:mod:`~hvdsketch.collectives.grouping`; Horovod's grouped ops
+take one dtype) and go through ``hvd.grouped_allreduce``, ``hvd.grouped_allgather`` (``bor`` is an allgather
+folded with OR: Horovod has no bitwise reduction) or ``hvd.alltoall`` (there is no grouped one). Collectives are
+named from the round's name, so ranks match them by name and Horovod's response cache holds them step after
+step. With PyTorch each group starts asynchronously and :meth:`HorovodHandle.test` polls it; with TensorFlow
+the ops are scheduled by TensorFlow.
 """
 from __future__ import annotations
 
@@ -50,19 +42,15 @@ HOROVOD_FAILURE = re.compile(r"Horovod(Grouped)?(Allreduce|Allgather|Alltoall|Br
 
 
 def horovod_failed(error: BaseException) -> bool:
-    """Whether ``error`` is TensorFlow's error of a failed Horovod collective (a rank left): it is
-    raised as Horovod's ``HorovodInternalError``, which Horovod elastic recovers from. Its text
-    names ``HorovodAllreduce``: inside ``tf.function`` it reaches Horovod 0.28.1's TensorFlow
-    ``hvd.elastic.run`` as an ``UnknownError`` with that text, and that ``run`` recovers only where
-    the text names an ungrouped collective (for any other it returns as if training had ended)."""
+    """Whether ``error`` is TensorFlow's error of a failed Horovod collective (a rank left), to re-raise as
+    ``HorovodInternalError`` naming ``HorovodAllreduce``: Horovod 0.28.1's TensorFlow ``hvd.elastic.run``
+    recovers only where the text names an ungrouped collective."""
     return type(error).__name__ == "UnknownError" and bool(HOROVOD_FAILURE.search(str(error)))
 
 
 class HorovodCommunicator:
-    """Reduce messages with ``hvd`` = ``horovod.torch`` or ``horovod.tensorflow``, over
-    ``process_set`` (Horovod's global set when ``None``); ``average`` messages are scaled by
-    ``1 / predivide`` before the sum and ``predivide / size`` after it (Horovod's
-    ``gradient_predivide_factor``)."""
+    """Reduce messages with ``hvd`` (``horovod.torch`` or ``horovod.tensorflow``) over ``process_set`` (the global
+    set if ``None``); ``average`` is scaled by ``1 / predivide`` before the sum and ``predivide / size`` after."""
 
     def __init__(self, hvd: ModuleType, process_set: Any = None, predivide: float = 1.0) -> None:
         self.hvd = hvd

@@ -1,55 +1,23 @@
 """hvdsketch's own collectives on mpi4py, every byte on the wire counted.
 
-Horovod has no bitwise-OR reduction, no allgather of per-rank-sized messages
-without padding, and no reduction in a narrower wire format; this layer has
-them, on a communicator duplicated from ``COMM_WORLD`` (never the one Horovod
-uses, so it is safe beside Horovod's background thread: mpi4py asks for
-``MPI_THREAD_MULTIPLE``, as Horovod does).
-
-Every schedule is written here from point-to-point messages, so
-:class:`~hvdsketch.collectives.stats.CommStats` records exactly the bytes of the
-messages this rank sends and receives (payload; MPI's and TCP's own headers
-aside), never a model of a library's algorithm. A schedule is
-a generator: it does its local work, yields the requests of the messages it
-posted, and is resumed once they have all completed::
+Horovod has no bitwise-OR reduction, no allgather of per-rank sizes without padding and no narrower wire
+format; this layer has them, on a duplicate of ``COMM_WORLD`` (never Horovod's, so it is safe beside Horovod's
+background thread: both ask for ``MPI_THREAD_MULTIPLE``). Every schedule is built from point-to-point
+messages, so :class:`~hvdsketch.collectives.stats.CommStats` records their exact payload bytes. A schedule is a
+generator that yields the requests of the messages it posted and is resumed once they have completed::
 
     def schedule(wire):
         incoming = np.empty_like(mine)
         yield wire.irecv([incoming], left) + wire.isend([mine], right)
         return mine + incoming
 
-:meth:`MPICommunicator.start` turns a schedule into a :class:`Handle`, so every
-collective is non-blocking (MPI's "I" prefix): start it, compute, then
-``wait()``. While any handle waits, every collective in flight on the
-communicator moves on, so handles may be waited for in any order. As with
-MPI's own non-blocking calls, leave the inputs untouched until ``wait()``
-returns: they are sent from where they lie.
-
-Dense schedules (the sparse ones are in :mod:`hvdsketch.collectives.sparse`):
-
-- :func:`ring_allreduce`: reduce-scatter then allgather around the ring
-  (Patarasuk & Yuan, 2009), ``sum``, ``max`` or bitwise ``bor``; each rank
-  sends and receives ``2 (N-1) / N`` of the buffer. Sums may travel as
-  ``float16`` or ``bfloat16`` (sketch cells): they are accumulated in the
-  buffer's dtype and rounded to the wire format at every hop.
-- :func:`allgatherv`: every rank's rows in rank order, row counts differing by
-  rank, no padding: a ring allgather of 16-byte headers (row count and a
-  digest of dtype and row shape, so a mismatch is the same clear error on
-  every rank), then a ring allgather of the rows.
-- :func:`alltoallv`: ``MPI_Alltoallv``, each rank's rows cut by rank and piece
-  ``q`` sent to rank ``q``, pairwise: a 16-byte header to every other rank
-  (piece size and digest), then the pieces; a rank's own piece never leaves it.
-  A sparse reduce-scatter's rows travel so to their owners.
-
-:class:`MPICommunicator` also implements the :class:`~hvdsketch.collectives.Communicator`
-protocol (``start(messages, name)``), fusing messages of one op and dtype into one
-collective, with the same stats labels as the Horovod communicator, so hvdsketch's
-optimizers can train over it (``collectives="mpi"``). It takes numpy arrays and
-any back-end's tensors: tensors in host memory travel as numpy views of their
-memory and come back as tensors sharing the results' memory (no copies), tensors
-on an accelerator are staged through host memory; ``bfloat16`` messages travel
-as bfloat16 on the wire. Ranks match its collectives by the order of calls, not
-by name (``ordered``), so the exchanger launches them in one order on every rank.
+Every collective is non-blocking (a :class:`Handle`); waiting on any handle moves every collective in flight,
+so handles may be waited for in any order. As with MPI, leave the inputs untouched until ``wait()`` returns.
+The dense schedules are :func:`ring_allreduce`, :func:`allgatherv` and :func:`alltoallv`; the sparse ones are in
+:mod:`hvdsketch.collectives.sparse`. :class:`MPICommunicator` also implements the
+:class:`~hvdsketch.collectives.Communicator` protocol (``collectives="mpi"``) for numpy arrays and any
+back-end's tensors (host tensors as numpy views, accelerator ones staged through host memory); ranks match its
+collectives by the order of calls (``ordered``).
 """
 from __future__ import annotations
 
@@ -231,14 +199,8 @@ def chunk_bounds(n: int, size: int) -> np.ndarray:
 
 
 def ring_allreduce(wire: Wire, x: np.ndarray, op: str = "sum", fmt: WireFormat | None = None) -> Schedule[np.ndarray]:
-    """Element-wise ``op`` of ``x`` over all ranks, by reduce-scatter then allgather around a ring.
-
-    With chunks ``c_0 .. c_{N-1}``, in reduce-scatter step ``k`` rank ``r`` sends its partial
-    chunk ``r - k`` to ``r + 1`` and folds chunk ``r - k - 1`` from ``r - 1`` into its own; after
-    ``N - 1`` steps it holds chunk ``r + 1`` reduced over all ranks, which the allgather steps pass
-    on. Rank ``r`` sends every chunk but ``r + 1`` and ``r + 2`` and receives every chunk but ``r``
-    and ``r + 1``: about ``2 (N - 1) / N`` of the buffer each way, the bandwidth optimum.
-    """
+    """Element-wise ``op`` of ``x`` over all ranks: reduce-scatter then allgather around a ring (Patarasuk &
+    Yuan, 2009), about ``2 (N - 1) / N`` of the buffer each way; values are rounded to ``fmt`` at every hop."""
     combine = REDUCTIONS[op]
     fmt = fmt or wire_format(None, x.dtype)
     acc = np.array(x, copy=True).reshape(-1)
@@ -264,11 +226,7 @@ def ring_allreduce(wire: Wire, x: np.ndarray, op: str = "sum", fmt: WireFormat |
 
 
 def ring_allgather(wire: Wire, block: np.ndarray, sizes: Sequence[int]) -> Schedule[np.ndarray]:
-    """Every rank's byte block (``sizes[q]`` bytes from rank ``q``) concatenated in rank order.
-
-    Ring: in step ``k`` rank ``r`` passes block ``r - k`` to ``r + 1`` and takes block ``r - k - 1``
-    from ``r - 1``, so it sends every block but ``r + 1``'s and receives every block but its own.
-    """
+    """Every rank's byte block (``sizes[q]`` bytes from rank ``q``) concatenated in rank order, around a ring."""
     r, size = wire.rank, wire.size
     offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
     out = np.empty(int(offsets[-1]), np.uint8)
@@ -286,9 +244,8 @@ def ring_allgather(wire: Wire, block: np.ndarray, sizes: Sequence[int]) -> Sched
 def allgatherv(wire: Wire, x: np.ndarray, context: str = "") -> Schedule[tuple[np.ndarray, list[int]]]:
     """All ranks' ``x`` concatenated along dimension 0 (row counts may differ), and the counts.
 
-    First a ring allgather of 16-byte headers, ``(rows, digest of dtype, row shape and context)``:
-    every rank then knows every block's size, and a rank whose dtype, row shape or ``context``
-    differs is the same :class:`ValueError` on every rank instead of a hang. Then the rows.
+    A ring allgather of 16-byte headers (rows, digest) goes first, so a rank whose dtype, row shape or
+    ``context`` differs is the same :class:`ValueError` on every rank, not a hang.
     """
     rows = x.shape[0] if x.ndim else 1
     row_shape = x.shape[1:]
@@ -303,14 +260,11 @@ def allgatherv(wire: Wire, x: np.ndarray, context: str = "") -> Schedule[tuple[n
 
 
 def alltoallv(wire: Wire, x: np.ndarray, splits: Sequence[int], context: str = "") -> Schedule[np.ndarray]:
-    """The rows every rank sent this one, in rank order: ``x`` (rows along dimension 0) is cut into
-    ``splits`` (one count per rank, summing to its rows) and piece ``q`` goes to rank ``q``.
+    """The rows every rank sent this one, in rank order: ``x`` is cut into ``splits`` (one row count per rank)
+    and piece ``q`` goes to rank ``q``, pairwise as in ``MPI_Alltoallv``.
 
-    Every rank first sends every other its piece's row count and a digest of dtype, row shape and
-    ``context``; a rank whose digest differs is a :class:`ValueError` on every rank (each sees some
-    rank unlike itself), never a hang. Then the pieces, all at once (the pairwise exchange of
-    ``MPI_Alltoallv``): a rank sends ``rows - splits[rank]`` rows and receives what the others'
-    splits give it.
+    A header (row count, digest) to every other rank goes first, so bad splits or a dtype, row shape or
+    ``context`` mismatch is a :class:`ValueError` on every rank, never a hang.
     """
     r, size = wire.rank, wire.size
     splits = [int(c) for c in splits]
@@ -344,10 +298,9 @@ def alltoallv(wire: Wire, x: np.ndarray, splits: Sequence[int], context: str = "
 
 
 class MPICommunicator:
-    """hvdsketch's collectives on a duplicate of ``comm`` (default ``COMM_WORLD``).
+    """hvdsketch's collectives on a duplicate of ``comm`` (default ``COMM_WORLD``); constructing it is collective.
 
-    Constructing it is collective over ``comm``. Every rank must start the same collectives in
-    the same order (each call takes the next tag, so concurrent calls never mix messages).
+    Every rank must start the same collectives in the same order (each call takes the next tag).
     """
 
     #: Collectives match across ranks by the order of calls, not by name.
@@ -390,10 +343,8 @@ class MPICommunicator:
         return self.launch(label, lambda w: alltoallv(w, x, splits))
 
     def start(self, messages: Sequence[Message], name: str = "") -> Batch[list[Any]]:
-        """Start reducing each message by its op; one fused allreduce per (op, dtype) (the
-        :class:`~hvdsketch.collectives.Communicator` protocol; ranks match by the order of calls,
-        so ``name`` only labels). Results are of each message's kind: numpy arrays, or tensors on
-        the message tensor's device."""
+        """Start reducing each message by its op, one fused allreduce per (op, dtype) (``name`` only labels).
+        Results are of each message's kind: numpy arrays, or tensors on the message tensor's device."""
         for m in messages:
             if m.op not in PROTOCOL_REDUCTIONS and m.op not in GATHERS:
                 raise ValueError(f"hvdsketch: unknown reduction op {m.op!r}; valid: average, sum, max, allgather, bor, "
@@ -443,9 +394,8 @@ class MPICommunicator:
 
 
 def _on_host(tensor: Any) -> tuple[np.ndarray, str | None]:
-    """A message tensor as a C-contiguous numpy array and its wire format: a view of a host tensor's
-    memory, a host copy of an accelerator's; bfloat16 (which numpy lacks) as float32 that travels as
-    bfloat16."""
+    """A message tensor as a C-contiguous numpy array (a host tensor's view, an accelerator's host copy) and its
+    wire format (bfloat16, which numpy lacks, as float32 that travels as bfloat16)."""
     if isinstance(tensor, np.ndarray):
         return np.ascontiguousarray(tensor), None
     ops = backend(tensor)

@@ -1,26 +1,14 @@
 """Sparse collectives on :class:`~hvdsketch.collectives.mpi.MPICommunicator`.
 
-A compressed gradient is a :class:`SparseVector` (positions and values of its
-non-zeros) or a dense array whose non-zeros cluster in blocks. Each function
-starts a non-blocking collective and returns its handle (``.wait()`` for the
-result); all record the exact bytes this rank sends and receives.
+A compressed gradient is a :class:`SparseVector` or a dense array whose non-zeros cluster in blocks. Each
+function starts a non-blocking collective and returns its handle; all record the exact bytes on the wire.
 
-- :func:`ibitmap_or`: packed-bitmap OR-allreduce (``np.packbits``, then a
-  ring allreduce of bitwise OR on ``uint8``): the union support of the sketch
-  compressor's bitmaps, 1 bit per unit.
-- :func:`isparse_allgather`: every rank's ``(int64 index, value)`` pairs, with
-  per-rank counts and no padding: a ring allgather of the counts, then of the
-  pairs. Costs ``sum_q nnz_q`` pairs received however much supports overlap.
-- :func:`isparcml_allreduce`: SparCML's sparse recursive doubling (Renggli et
-  al., SC 2019, "SSAR_Recursive_double"): in round ``k`` rank ``r`` swaps its
-  partial sum with rank ``r XOR 2^k`` and merges; overlapping supports shrink
-  the messages, and once a partial sum is dense enough it travels dense.
-- :func:`iblock_allreduce`: OmniReduce's block-sparse allreduce (Fei et al.,
-  SIGCOMM 2021): OR-reduce a bitmap of the non-zero blocks, then sum-allreduce
-  only the blocks in the union, so zero blocks never travel.
+- :func:`ibitmap_or`: OR-allreduce of a packed bitmap (the sketch's union support, 1 bit per unit);
+- :func:`isparse_allgather`: every rank's ``(int64 index, value)`` pairs, per-rank counts, no padding;
+- :func:`isparcml_allreduce`: SparCML's sparse recursive doubling (Renggli et al., SC 2019);
+- :func:`iblock_allreduce`: OmniReduce's block-sparse allreduce (Fei et al., SIGCOMM 2021).
 
-A sketch's cells need no sparse collective: they are summed with
-``communicator.iallreduce(cells, wire="float16" | "bfloat16", label="sketch")``.
+A sketch's cells need none: ``communicator.iallreduce(cells, wire="float16" | "bfloat16", label="sketch")``.
 """
 from __future__ import annotations
 
@@ -123,11 +111,7 @@ def _settle(x: Reduced, dense_at: float) -> Reduced:
 
 
 def _merge(a: Reduced, b: Reduced, dense_at: float) -> Reduced:
-    """``a + b``: sparse on the union support if both are sparse, else dense.
-
-    Symmetric bit for bit (IEEE addition commutes), so partners that merge the same two
-    partial sums in opposite order hold the same result.
-    """
+    """``a + b``: sparse on the union support if both are sparse, else dense; symmetric bit for bit."""
     if isinstance(a, SparseVector) and isinstance(b, SparseVector):
         both = np.concatenate([a.indices, b.indices])
         order = np.argsort(both, kind="stable")  # timsort: a linear merge of the two sorted runs
@@ -162,11 +146,8 @@ def _post(wire: Wire, x: Reduced, dtype_id: int, peer: int) -> list:
 
 
 def _take(wire: Wire, peer: int, like: SparseVector, dtype_id: int, pending: list) -> Schedule[Reduced]:
-    """Receive a partial sum from ``peer``, completing this rank's own ``pending`` sends too.
-
-    The sends finish with the payload's receive, not the header's: a large send completes
-    only once the peer posts its receive, which it does after reading this rank's header.
-    """
+    """Receive a partial sum from ``peer``, completing ``pending`` sends with the payload's receive, not the
+    header's (a large send completes only once the peer, having read this rank's header, posts its receive)."""
     header = np.empty(3, np.int64)
     yield wire.irecv([header], peer)
     count, size, theirs = header.tolist()
@@ -183,15 +164,9 @@ def _take(wire: Wire, peer: int, like: SparseVector, dtype_id: int, pending: lis
 
 
 def recursive_doubling(wire: Wire, x: SparseVector, dense_at: float) -> Schedule[Reduced]:
-    """SparCML's sparse allreduce for any rank count.
-
-    With ``p`` the largest power of two <= N, ranks ``r >= p`` first hand their vector to
-    ``r - p`` and get the result back at the end; the first ``p`` ranks run ``log2 p`` rounds
-    of swap-and-merge with partner ``r XOR 2^k``. Each message is sparse (``nnz`` x (8 +
-    itemsize) bytes) or dense (``size`` x itemsize) after a 24-byte header. Once dense, every
-    remaining round moves the whole vector: ``log2 p`` vectors in all, where a ring allreduce
-    moves ``2 (N - 1) / N``; on dense data recursive doubling loses to a dense allreduce.
-    """
+    """SparCML's sparse allreduce for any rank count: with ``p`` the largest power of two <= N, ranks ``r >= p``
+    hand their vector to ``r - p`` and get the result back; the first ``p`` run ``log2 p`` rounds of
+    swap-and-merge with partner ``r XOR 2^k``, each message sparse or dense after a 24-byte header."""
     r, p = wire.rank, 1 << (wire.size.bit_length() - 1)
     dtype_id = crc(x.values.dtype.str)
     state = _settle(x, dense_at)
@@ -210,12 +185,9 @@ def recursive_doubling(wire: Wire, x: SparseVector, dense_at: float) -> Schedule
 
 
 def isparcml_allreduce(comm: MPICommunicator, x: SparseVector, dense_at: float = 1.0) -> Handle[Reduced]:
-    """Start the sum of every rank's sparse vector by SparCML recursive doubling.
-
-    A partial sum switches to dense, for the rest of the algorithm, once its sparse form would
-    take ``dense_at`` times the dense bytes (1.0: as soon as sparse is no smaller). The result
-    is a :class:`SparseVector` if it stayed sparse, else a dense array; :func:`densify` either.
-    """
+    """Start the sum of every rank's sparse vector by SparCML recursive doubling; a partial sum goes dense for
+    good once its sparse form takes ``dense_at`` times the dense bytes. The result is a :class:`SparseVector`
+    if it stayed sparse, else a dense array (:func:`densify` either)."""
     if not dense_at > 0:
         raise ValueError(f"hvdsketch: dense_at must be > 0, got {dense_at}")
     return comm.launch("sparcml", lambda wire: recursive_doubling(wire, x, dense_at))
@@ -231,10 +203,7 @@ def _block_rows(flat: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def block_sparse(wire: Wire, x: np.ndarray, block: int) -> Schedule[np.ndarray]:
-    """OmniReduce: OR the bitmaps of non-zero blocks, then sum-allreduce the union's blocks only.
-
-    Blocks are copied row by row (views of whole blocks), not element by element.
-    """
+    """OmniReduce: OR the bitmaps of non-zero blocks, then sum-allreduce the union's blocks only."""
     flat = np.ascontiguousarray(x).reshape(-1)
     present = np.zeros(-(-flat.size // block), bool)
     present[np.flatnonzero(flat) // block] = True

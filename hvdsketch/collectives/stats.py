@@ -1,11 +1,7 @@
 """Bytes on the wire, counted per rank and per collective.
 
-Every communicator records each call here, so benchmarks and optimizers
-report measured volumes. For collectives whose wire schedule hvdsketch
-implements (the MPI layer) the counts are the exact message sizes; for
-Horovod's own allreduce, whose schedule lives in C++, they follow the ring
-algorithm: each rank sends and receives ``2 (N - 1) / N`` times the buffer;
-for an alltoall, every piece but the one a rank keeps (:func:`alltoall_bytes`).
+Counts are the exact message sizes where hvdsketch runs the schedule (the MPI layer); for a library's own
+collectives, the ring's formulas (:func:`ring_allreduce_bytes`) and :func:`alltoall_bytes`.
 """
 from __future__ import annotations
 
@@ -21,9 +17,8 @@ class Counter:
 
 
 class CommStats:
-    """Per-collective counters of one rank, and seconds spent per phase of the exchange
-    (the exchanger's ``start``, on the backward path; ``finish``, the wait before the step; ``codec``,
-    the time inside compressors and residual memory, a part of both)."""
+    """Per-collective counters of one rank, and ``seconds`` per phase of the exchange: ``start`` (on the
+    backward path), ``finish`` (the wait before the step) and ``codec`` (compressors and memory, in both)."""
 
     def __init__(self) -> None:
         self._by_collective: dict[str, Counter] = defaultdict(Counter)

@@ -1,44 +1,21 @@
 """torch.distributed's collectives as a communicator: hvdsketch without Horovod.
 
-A round's messages are grouped as Horovod's communicator groups them
-(:mod:`~hvdsketch.collectives.grouping`) and started with ``async_op=True`` on
-a process group (the default one unless given); :meth:`Handle.test` polls
-``work.is_completed()``, so the round travels while backward goes on. By kind:
+A round's messages are grouped as :mod:`~hvdsketch.collectives.grouping` groups them and started with
+``async_op=True`` on a process group (the default one unless given), so a round travels while backward goes
+on. By kind:
 
-- floating-point ``average``, ``sum``, ``max``: one ``all_reduce`` per (op, dtype)
-  of the messages fused into one flat buffer; ``average`` scales by ``1 / N``
-  before the sum, as DDP's reducer does, so a bucket comes back bit for bit as DDP's.
-- ``allgather`` and ``bor``: every gathered message of a launch packed as bytes
-  into one ``all_gather`` (gloo's takes equal sizes: each message padded to its
-  longest rank's rows), then cut apart by the row counts. Where the counts differ
-  by rank (a row-sparse gradient), a message's first launch sends them first;
-  later launches pad its rows to a bound (the most rows any rank sent in its last
-  :data:`BOUND_LAUNCHES` launches), the counts riding along, and rows past the
-  bound follow in one more ``all_gather`` when the launch is settled. A ``bor`` is
-  folded from the gathered bitmaps, as Horovod's communicator does.
-- integer ``average``, ``sum``, ``max`` (the exchanger's step tag and checks), and
-  at 2 ranks floating-point ones under :data:`GATHERED_BELOW` bytes where no row
-  counts wait: one ``all_gather`` of their bytes with the row counts, reduced on
-  each rank (integers exact in any order, a sum of two in one order). An
-  ``all_gather`` takes ``N - 1`` hops where an ``all_reduce`` takes ``2 (N - 1)``.
-- ``alltoall``: ``all_to_all_single``, the output splits exchanged first, unless
-  the message says them (``Message.received``).
-- ``reduce_scatter``: ``reduce_scatter_tensor`` with ``ReduceOp.AVG``, FSDP's own
-  reduction of a gradient (so its results are FSDP's bit for bit).
+- floating-point ``average``, ``sum``, ``max``: one ``all_reduce`` per (op, dtype) of a fused flat buffer,
+  ``average`` scaled by ``1 / N`` first, as DDP's reducer does (so a bucket comes back bit for bit as DDP's);
+- ``allgather`` and ``bor``: one ``all_gather`` of every message's bytes (gloo's takes equal sizes: rows that
+  differ by rank go padded to a learnt bound, rows past it in one more), a ``bor`` folded from the bitmaps;
+- integer reductions, and at 2 ranks floating-point ones under :data:`GATHERED_BELOW` bytes: one
+  ``all_gather`` reduced on each rank (``N - 1`` hops where an ``all_reduce`` takes ``2 (N - 1)``);
+- ``alltoall``: ``all_to_all_single``; ``reduce_scatter``: ``reduce_scatter_tensor`` with ``ReduceOp.AVG``,
+  FSDP's own reduction (so its results are FSDP's bit for bit).
 
-Bytes are counted by the formulas of Horovod's communicator, one record per
-:meth:`TorchDistCommunicator.start` call.
-
-torch.distributed matches collectives by call order, not by name (``ordered``):
-the exchanger launches rounds in one order on every rank
-(:mod:`~hvdsketch.exchange.ordering`), and a launch issues its collectives in one
-order. Inside :meth:`TorchDistCommunicator.fusing` (the DDP hook wraps each
-bucket in it) every start is held and the held messages go out together when the
-block ends, fused by (op, dtype); no handle reports itself done while a block is
-open, and a ``wait()`` inside a block sends what is held first. A wait over gloo
-polls, yielding the core (:func:`poll`), except a reduce-scatter (gloo reports it
-completed only once waited). Tensors travel on their own device; with
-NCCL, host tensors are staged through the current CUDA device.
+Ranks match collectives by call order (``ordered``). Inside :meth:`TorchDistCommunicator.fusing` every start is
+held and sent, fused, when the block ends. Over gloo a wait polls (:func:`poll`); with NCCL, host tensors are
+staged through the current CUDA device. Bytes are counted as Horovod's communicator counts them.
 """
 from __future__ import annotations
 
@@ -58,14 +35,11 @@ from hvdsketch.collectives.stats import CommStats
 from hvdsketch.compress.base import Message
 
 
-#: Floating-point allreduce groups below this many bytes go as an all_gather at 2 ranks, where a
-#: collective's hop costs more than the bytes (see :meth:`_Launch._by_gather`).
+#: Floating-point allreduce groups below this many bytes go as an all_gather at 2 ranks (:meth:`_Launch._by_gather`).
 GATHERED_BELOW = 1 << 20
-#: An allgather's rows that differ by rank go padded to the most rows any rank sent in this many of its
-#: last launches (a launch outgrowing it sends one more all_gather).
+#: An allgather's rows that differ by rank go padded to the most any rank sent in this many of its last launches.
 BOUND_LAUNCHES = 16
-#: How many times a wait over gloo may yield its core to another thread before it sleeps
-#: (:func:`poll`): a rank alone on its core yields it to its own gloo threads a few times a wait.
+#: How many times a wait over gloo may yield its core to another thread before it sleeps (:func:`poll`).
 YIELDED_AWAY = 32
 
 
@@ -79,8 +53,7 @@ def _integer(tensor: torch.Tensor) -> bool:
 
 @dataclass
 class _Held:
-    """What a communicator and its side channels (copies of it) share: whether a fusing block is
-    open, the handles it holds, and the last launch where it is bounded and not settled."""
+    """What a communicator and its side channels share: the open fusing block, held handles, unsettled launch."""
 
     open: bool = False
     handles: list["TorchDistHandle"] = field(default_factory=list)
@@ -88,15 +61,12 @@ class _Held:
 
 
 class _Launch:
-    """The collectives of some messages in flight; :meth:`results` gives each message's raw
-    result in order (allreduced slices, gathered rows, alltoall's received rows).
+    """The collectives of some messages in flight; :meth:`results` gives each message's raw result in order.
 
-    Every rank issues them in one order. Where every allgather whose rows differ by rank has a
-    bound (the communicator's, by message name): one all_gather of the row counts, the reductions
-    :meth:`_by_gather` picks and every gathered message (:meth:`_gather`), then the other
-    allreduces by group. Otherwise: one all_gather of those reductions and the row counts (waited
-    for at once where there are counts), the other allreduces, then :meth:`_gather`'s all_gather of
-    every gathered message, padded to the largest counts. Then each alltoall."""
+    Every rank issues them in one order: where every allgather whose rows differ by rank has a bound, one
+    all_gather of counts, by-gather reductions and gathered rows (:meth:`_gather`), then the other allreduces;
+    otherwise counts and by-gather reductions first (:meth:`_reduce_by_gather`), the other allreduces, then
+    the gathered rows padded to the largest counts. Then each alltoall and reduce-scatter."""
 
     def __init__(self, communicator: "TorchDistCommunicator", messages: Sequence[Message],
                  names: Sequence[str]) -> None:
@@ -131,10 +101,9 @@ class _Launch:
                 self._reduce_scatter(picked[0])
 
     def _by_gather(self, tensors: list[torch.Tensor], waited: bool) -> bool:
-        """Whether an allreduce group travels in :meth:`_reduce_by_gather`'s all_gather: integers always (exact
-        in any order); floating point at 2 ranks (``a + b`` is ``b + a``: DDP's sum bit for bit), under
-        :data:`GATHERED_BELOW` bytes (latency-bound: the hop saved is most of its time), and only where
-        that all_gather is not waited for at once (no row counts in it)."""
+        """Whether an allreduce group goes in :meth:`_reduce_by_gather`'s all_gather: integers always (exact in
+        any order); floating point at 2 ranks (``a + b`` is ``b + a``) under :data:`GATHERED_BELOW` bytes, unless
+        ``waited`` (that all_gather carries row counts and is waited for at once)."""
         if all(_integer(t) for t in tensors):
             return True
         return self._communicator.size == 2 and not waited and sum(t.nbytes for t in tensors) < GATHERED_BELOW
@@ -164,11 +133,8 @@ class _Launch:
 
     def _reduce_by_gather(self, keys: list[tuple[str, str]], groups: dict[tuple[str, str], list[int]],
                           varying: list[int]) -> list[list[int]]:
-        """The allreduce groups ``keys`` (see :meth:`_by_gather`) and the row counts of the allgathers
-        ``varying``, as one all_gather of each rank's bytes, reduced here: gloo's all_gather takes N - 1
-        hops where its all_reduce takes 2 (N - 1), and at 2 ranks it sends the ring's bytes. Where there are counts,
-        it is waited for at once and they are returned, every rank's list in rank order; the
-        reductions' results come with the rest."""
+        """The allreduce groups ``keys`` and the row counts of the allgathers ``varying`` as one all_gather,
+        reduced here; where there are counts it is waited for at once and they are returned (rank order)."""
         c = self._communicator
         fused = self._fused(keys, groups)
         device = fused[0].device if fused else c.staged(self._messages[varying[0]].tensor).device
@@ -193,11 +159,9 @@ class _Launch:
 
     def _gather(self, keys: list[tuple[str, str]], groups: dict[tuple[str, str], list[int]], gathers: list[int],
                 bounds: dict[int, int], names: Sequence[str], counts: list[list[int]] | None = None) -> None:
-        """One all_gather of the row counts of the allgathers ``bounds`` (index: rows), the allreduce
-        groups ``keys`` and every gathered message, each of ``bounds`` cut or zero-padded to its bound:
-        every rank's bytes the same length. ``counts``: every rank's row counts, where they travelled
-        first (the bounds are then their largest); otherwise the bounds are learnt ones, and
-        :attr:`settle` fetches the rows past a bound and learns the next."""
+        """One all_gather of the row counts of ``bounds`` (index: rows), the allreduce groups ``keys`` and every
+        gathered message, each of ``bounds`` cut or zero-padded to its bound. ``counts``: every rank's counts,
+        where they travelled first; otherwise the bounds are learnt and :attr:`settle` fetches rows past them."""
         c = self._communicator
         fused = self._fused(keys, groups)
         tensors = {i: c.staged(self._messages[i].tensor).contiguous() for i in gathers}
@@ -308,9 +272,7 @@ class _Launch:
 
 
 class _Unreported:
-    """A gloo reduce-scatter in flight, which is waited, never polled: gloo runs it as one
-    all-reduce per rank under a work that says it completed only once waited (PyTorch 2.13 and
-    2.14), so polling it would spin until :func:`poll` gives up."""
+    """A gloo reduce-scatter in flight: waited, never polled (gloo reports it completed only once waited)."""
 
     def __init__(self, work: Any) -> None:
         self.work = work
@@ -413,18 +375,16 @@ class TorchDistCommunicator:
             offset += len(handle.messages)
 
     def settle(self, launch: _Launch | None = None) -> None:
-        """Settle the last launch (only if it is ``launch``, where given) if it is bounded and not
-        settled: rows past their bounds go in one more all_gather, issued here, so on every rank
-        right after that launch and before any later one."""
+        """Settle the last launch (only if it is ``launch``, where given) if bounded and unsettled: its rows
+        past their bounds go in one more all_gather, on every rank right after it and before any later one."""
         unsettled = self.held.unsettled
         if unsettled is not None and launch in (None, unsettled):
             self.held.unsettled = None
             unsettled.settle()
 
     def learn(self, counts: Mapping[str, list[int]]) -> None:
-        """The next bounds of the allgathers named in ``counts``, from every rank's row count: the
-        most rows any rank sent in the last :data:`BOUND_LAUNCHES` launches (top-k's ``k``, where
-        every rank sends ``k``)."""
+        """Learn the next bounds of the allgathers in ``counts`` (every rank's row count): the most rows any
+        rank sent in the last :data:`BOUND_LAUNCHES` launches."""
         for name, ns in counts.items():
             self._seen.setdefault(name, collections.deque(maxlen=BOUND_LAUNCHES)).append(max(ns))
 
@@ -434,8 +394,7 @@ class TorchDistCommunicator:
         return max(seen) if seen else None
 
     def counted(self, messages: Sequence[Message], raw: Sequence[Any]) -> list[Any]:
-        """One start call's results from its raw ones, its bytes counted as Horovod's communicator
-        counts them (per group of that call)."""
+        """One start call's results from its raw ones, its bytes counted as Horovod's communicator counts them."""
         out = list(raw)
         for (op, _), picked in group(messages).items():
             if op.startswith("alltoall"):
@@ -450,8 +409,8 @@ class TorchDistCommunicator:
         return out
 
     def wait(self, work: Any) -> None:
-        """Wait for ``work`` (``None``: nothing in flight). Over gloo by polling it first
-        (:func:`poll`); NCCL's ``wait`` only orders streams: it is not polled."""
+        """Wait for ``work`` (``None``: nothing in flight); over gloo poll it first (:func:`poll`), not over NCCL,
+        whose ``wait`` only orders streams."""
         if work is None:
             return
         if self.polling and not isinstance(work, _Unreported):
@@ -469,12 +428,9 @@ class TorchDistCommunicator:
 
 
 def poll(work: Any) -> None:
-    """Poll ``work`` until it completes, the core yielded between polls, as MPI waits: gloo
-    completes a collective on its own threads, each message a hand-off between them, and a waiter
-    asleep lets the core idle, so every hand-off would wait for it to wake. Once the yields have
-    handed the core to other threads more than :data:`YIELDED_AWAY` times, another rank shares this
-    core (ranks polling side by side would yield to each other by the million), so it returns, for
-    the caller to sleep in ``work.wait()``."""
+    """Poll ``work`` until it completes, yielding the core between polls (gloo completes it on its own threads,
+    which a sleeping waiter would leave waiting to wake it). Returns early, for the caller to sleep in
+    ``work.wait()``, once the core went to others more than :data:`YIELDED_AWAY` times (a rank shares it)."""
     away = _switched_away() + YIELDED_AWAY
     polls = 0
     while not work.is_completed() and (polls % 64 or _switched_away() <= away):
@@ -483,6 +439,5 @@ def poll(work: Any) -> None:
 
 
 def _switched_away() -> int:
-    """How many times this thread has been switched away from while runnable (its yields that let
-    another thread run, and preemptions)."""
+    """How many times this thread was switched away from while runnable (yields to other threads, preemptions)."""
     return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw

@@ -1,23 +1,17 @@
 """Residual memory (error feedback) and the memory planner.
 
-One flag, ``--memory``, says how residuals are kept, like ``--compression``
-says how gradients are sent: ``none``, ``fp32``, ``fp16``, ``bf16``,
-``topk:ratio=0.1``, ``sketch:ratio=0.1,rows=3``, ``shared``, ``offload``, or
-``plan:budget=0.25`` / ``plan:budget_bytes=...`` to let the planner choose a
-store per tensor within a budget. Unknown names or options raise
-:class:`hvdsketch.spec.SpecError` listing the valid ones.
-
-Use::
+``--memory`` says how residuals are kept, as ``--compression`` says how gradients are sent: ``none``,
+``fp32``, ``fp16``, ``bf16``, ``topk:ratio=0.1``, ``sketch:ratio=0.1,rows=3``, ``shared``, ``offload``, or
+``plan:budget=0.25`` / ``plan:budget_bytes=...`` to let the planner choose a store per tensor within a
+budget. Unknown names or options raise :class:`hvdsketch.spec.SpecError` listing the valid ones. Use::
 
     memory = hvdsketch.memory.create("plan:budget=0.25")
     DistributedOptimizer(..., memory=memory)                 # compensate / update per tensor
-    memory.nbytes(), memory.host_nbytes(), memory.seconds    # residual bytes, time per store
     state = memory.state_dict()                              # nested dicts of numpy arrays
     memory.load_state_dict(state)                            # resume bit for bit
 
-For a plan after a warm-up the training code runs itself,
-:func:`~hvdsketch.memory.planner.plan_for_model` is the main API, and
-``Memory(plan.stores(), default=Nothing())`` keeps it.
+For a plan after a warm-up the training code runs itself, use
+:func:`~hvdsketch.memory.planner.plan_for_model` and keep it with ``Memory(plan.stores(), default=Nothing())``.
 """
 from __future__ import annotations
 

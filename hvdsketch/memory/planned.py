@@ -1,14 +1,9 @@
-"""``--memory plan:budget=0.25``: warm up with full error feedback, measure, then keep the plan.
+"""``--memory plan:budget=0.25``: warm up with full error feedback, then keep the planner's stores.
 
-For the first ``warmup`` steps every residual is kept in fp32 and observed
-by :class:`~hvdsketch.memory.warmup.Warmup`. At the first ``compensate`` of
-the next step (every tensor has then been observed ``warmup`` times) the
-planner picks a store per tensor within the budget, and every residual held
-in fp32 moves into its planned store, so no error feedback is lost at the
-switch. Tensors first seen after the switch get no error feedback (they
-were not in the budget). The warm-up statistics (before the switch) or the
-plan (after it) are part of :meth:`PlannedMemory.state_dict`, so a resumed
-run keeps the same plan.
+For the first ``warmup`` steps every residual is kept in fp32 and observed by
+:class:`~hvdsketch.memory.warmup.Warmup`; then the planner picks a store per tensor within the budget and every
+fp32 residual moves into its store, so nothing is lost at the switch. Tensors first seen after it get no error
+feedback. The warm-up statistics, or the plan, are part of :meth:`PlannedMemory.state_dict`.
 """
 from __future__ import annotations
 

@@ -1,49 +1,17 @@
 """The memory planner: a residual store per tensor that loses the least within a memory budget.
 
-Zhao et al. (IEEE Access 9, 2021) show that error feedback's full residual
-doubles the gradient memory and pulls against the memory that compression
-frees; ConEF (Li et al., 2023) keeps compressed residuals and saves 80-90%
-of it with almost no loss. The planner chooses, per tensor ``i``, a store
-``s_i`` from the candidates, given warm-up statistics
-(:mod:`hvdsketch.memory.warmup`): the store's bytes ``b_is``, the energy of
-what it loses, accumulated over the steps as the parameters would accumulate
-it, ``L_is = ||sum_t (e_t - Q(e_t))||^2 / T``, and its time per step ``t_is``::
+After Zhao et al. (IEEE Access 9, 2021) and ConEF (Li et al., 2023): given warm-up statistics
+(:mod:`hvdsketch.memory.warmup`) of each candidate store's bytes ``b_is``, accumulated lost energy
+``L_is = ||sum_t (e_t - Q(e_t))||^2 / T`` and time per step ``t_is``, choose a store ``s_i`` per tensor::
 
     minimise    sum_i L_{i,s_i} / E  +  w * sum_i t_{i,s_i}      (E: what no error feedback loses)
     subject to  sum_i b_{i,s_i} <= B                              (ties: less time)
 
-a multiple-choice knapsack. ``shared`` stores one buffer per shape, which
-does not separate by tensor, so each group of equal shapes is one *class*
-whose options are "all share" plus the Pareto frontier of its members'
-independent choices; every other tensor is a class of its own. Time is the
-store's measured seconds per element, averaged over the model, times the
-tensor's size: host copies for ``offload``, selection for ``topk``, hashing
-for ``sketch``. With ``w = 0`` it only breaks ties.
-
-**Solution: exact dynamic programme over a discretised budget.** The budget
-is cut into ``R`` units of ``B / R`` bytes and an option of ``b`` bytes costs
-``ceil(b R / B)`` units. Over the classes in turn, ``F_c(r)``, the least
-objective of the first ``c`` classes within ``r`` units, is::
-
-    F_c(r) = min_{options o of class c, units_o <= r}  F_{c-1}(r - units_o) + value_o
-
-**Why the plan stays within budget.** Each option's bytes satisfy
-``b <= units * B / R``, so a choice with ``sum units <= R`` has
-``sum b <= R * B / R = B``. The DP optimum is exact among choices whose
-rounded costs fit; the rounding can leave up to one unit per class unused,
-so a final greedy pass spends the exactly counted spare bytes on the
-upgrades of best value per byte, each only if its extra bytes fit in what is
-left: the total never passes ``B`` at any step. (Should no choice fit in
-rounded units, the greedy starts from the cheapest choice, if that fits.)
-
-**Why 100% gives full fp32 error feedback.** A group's frontier is built
-up to ``R + k`` units for its ``k`` members (rounding adds less than one unit
-each), so the members' best choice is among its options whenever its bytes
-fit ``B``. Options no better than a cheaper one are pruned, so no remaining
-option costs more than its class's best (fp32 loses nothing). With ``B`` = the full fp32 bytes, while
-some class is below its best, the others cost at most their best, so its
-upgrade fits the spare bytes; the greedy stops only when every class is at
-its best.
+a multiple-choice knapsack. Tensors of one shape form one class whose options are ``shared`` plus the
+Pareto frontier of their independent choices. It is solved exactly by a dynamic programme over the
+budget cut into ``R`` units (an option of ``b`` bytes costs ``ceil(b R / B)`` units, so fitting units
+means fitting bytes), then a greedy pass spends the spare bytes on the upgrades of best value per byte,
+never passing ``B``. A budget of the full fp32 bytes gives full fp32 error feedback.
 """
 from __future__ import annotations
 
@@ -58,10 +26,8 @@ from hvdsketch.memory.registry import create_store
 from hvdsketch.memory.stores import Fp32, Shared, Store, numel
 from hvdsketch.memory.warmup import TensorStats, Warmup
 
-#: Stores the planner chooses from unless told otherwise. ``sketch`` is left out: hashing every
-#: coordinate makes its warm-up slow, and in one round trip it loses more than ``topk`` of equal
-#: bytes (its strength, accumulating across steps, is not what one round trip measures); add it
-#: to the candidates to have it measured.
+#: Stores the planner chooses from unless told otherwise; ``sketch`` (slow to warm up, and under-rated by
+#: one round trip) is measured only when added.
 DEFAULT_CANDIDATES = ("none", "fp32", "fp16", "bf16", "topk:ratio=0.01", "topk:ratio=0.03", "topk:ratio=0.1",
                       "shared", "offload")
 #: Objective values this close are equal (then the faster option wins).

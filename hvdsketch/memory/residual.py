@@ -1,22 +1,14 @@
 """A residual memory: each tensor's error-feedback state, kept by the store its name maps to.
 
-:class:`Memory` is what the exchanger (:mod:`hvdsketch.exchange`) calls around
-every compressor: ``compensate`` before compression, ``update`` with what the
-messages left out after; the arithmetic is the back-end's, the stores are
-:mod:`hvdsketch.memory.stores`.
-
-Checkpoints: :meth:`Memory.state_dict` returns nested dicts of numpy arrays
-and strings, independent of framework and device::
+:class:`Memory` is what the exchanger (:mod:`hvdsketch.exchange`) calls around every compressor:
+``compensate`` before compression, ``update`` after; the stores are :mod:`hvdsketch.memory.stores`.
+:meth:`Memory.state_dict` gives nested dicts of numpy arrays and strings, free of framework and device::
 
     {"spec": "fp16", "default": "fp16", "stores": {name: store, ...},
      "slots": {slot: {"store": "fp16", key: np.ndarray, ...}, ...}}
 
-so it can be stored inside a PyTorch optimizer's ``state_dict`` or written
-next to a TensorFlow checkpoint (e.g. ``np.savez``). :meth:`Memory.load_state_dict`
-takes it back; arrays become tensors on the first ``compensate``/``update``
-of each slot, on that tensor's back-end and device, so loading needs no
-framework. A memory resumed this way continues bit for bit as the
-uninterrupted one would.
+:meth:`Memory.load_state_dict` takes it back (arrays become tensors at each slot's first use), and the
+memory continues bit for bit.
 """
 from __future__ import annotations
 
@@ -58,8 +50,7 @@ class Memory:
         self.stores: dict[str, Store] = dict(stores or {})
         self.default = default
         self.spec = spec or str(default)
-        #: Seconds spent inside each store kind (take and put), e.g. the host copies of ``offload``; on an
-        #: accelerator the host's time (launching the work; waiting for it would cost a sync per tensor).
+        #: Host seconds inside each store kind (take and put); on an accelerator, not waited for (no sync).
         self.seconds: dict[str, float] = defaultdict(float)
         self._state: dict[str, State] = {}
         self._slot_store: dict[str, Store] = {}
@@ -94,13 +85,11 @@ class Memory:
         return self.store(name).keeps
 
     def takes_rows(self, name: str) -> bool:
-        """Whether ``name``'s store keeps a :class:`RowSparse` residual as rows (so a row-sparse
-        gradient can stay row-sparse through error feedback)."""
+        """Whether ``name``'s store keeps a :class:`RowSparse` residual as rows."""
         return self.store(name).row_sparse
 
     def update(self, name: str, residual: Any) -> None:
-        """Keep ``residual`` (dense, or :class:`RowSparse`), what this rank's messages failed to carry
-        of the compensated tensor."""
+        """Keep ``residual`` (dense, or :class:`RowSparse`): what this rank's messages did not carry."""
         store = self.store(name)
         if store.keeps:
             if isinstance(residual, RowSparse) and not (store.row_sparse and not _traced(residual)):
@@ -117,15 +106,12 @@ class Memory:
         self._set(ops, slot, store, state)
 
     def snapshot(self) -> "Snapshot":
-        """What the memory holds now, to :meth:`restore` after a step that must leave no trace (a
-        loss scaler's overflow). No copy: a store's ``put`` makes new tensors, never writes into the
-        ones kept, so the snapshot's stay as they were (an eager step's; a traced graph's held memory
-        is written in place, and a snapshot does not cover it)."""
+        """What the memory holds now, to :meth:`restore` after a step that must leave no trace; no copy, as
+        ``put`` never writes into kept tensors (so a traced graph's held state is not covered)."""
         return Snapshot(dict(self._state), dict(self._slot_store), dict(self._loaded))
 
     def restore(self, snapshot: "Snapshot", only: Mapping[str, tuple[int, ...]] | None = None) -> None:
-        """Put back what :meth:`snapshot` took: every slot, or ``only`` those of the named tensors
-        (name to shape)."""
+        """Put back what :meth:`snapshot` took: every slot, or those of the tensors ``only`` maps to shapes."""
         slots = None if only is None else {self.store(name).slot(name, tuple(shape)) for name, shape in only.items()}
         for kept, now in ((snapshot.state, self._state), (snapshot.slot_store, self._slot_store),
                           (snapshot.loaded, self._loaded)):
@@ -136,8 +122,7 @@ class Memory:
                     now.pop(slot, None)
 
     def traceable(self) -> bool:
-        """Whether every store keeps a residual in memory of one shape on the device, which a graph
-        being traced holds (:mod:`hvdsketch.compress.state`) and reads and writes at each run."""
+        """Whether every store's state has fixed shapes on the device, so a traced graph can hold it."""
         return all(store.traceable for store in (self.default, *self.stores.values()))
 
     # -- state --------------------------------------------------------------
@@ -186,11 +171,8 @@ class Memory:
             self._slot_store[slot] = store
 
     def nbytes(self) -> int:
-        """Bytes of residual state kept between steps on the tensors' own device (all but ``offload``).
-
-        Between ``compensate`` and ``update`` of a tensor its residual is out of the
-        store, as a dense tensor the size of the gradient, for the compressor to use.
-        """
+        """Bytes of residual state kept between steps on the tensors' own device (all but ``offload``);
+        a residual taken out by ``compensate`` and not yet back from ``update`` is not counted."""
         return self._bytes(host=False)
 
     def host_nbytes(self) -> int:
@@ -215,9 +197,8 @@ class Memory:
                 "slots": slots}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`; raises ``ValueError`` if it was saved under another spec.
-        A residual a traced graph holds is written now, into its memory (zero where ``state`` has
-        none for it)."""
+        """Resume from :meth:`state_dict`; raises ``ValueError`` if it was saved under another spec. A
+        residual a traced graph holds is written into its memory now (zeros where ``state`` has none)."""
         if str(state["spec"]) != self.spec:
             raise ValueError(f"hvdsketch: the residual memory was saved with --memory {str(state['spec'])!r}, "
                              f"this run uses {self.spec!r}")

@@ -1,26 +1,12 @@
 """The residual kept in count-sketch space, as FetchSGD does (Rothchild et al., ICML 2020).
 
-A count sketch (Charikar et al., 2002) of ``rows x cols`` cells holds a
-vector ``e`` as ``S[j, bucket_j(i)] += sign_j(i) * e_i``. It is linear,
-``S(a) + S(b) = S(a + b)``, so residuals can be *accumulated* in it without
-ever being materialised: this store keeps ``S_e`` instead of ``e``, and a mark
-per support unit (rows of a matrix, blocks of a vector) that the residual has
-ever touched.
-
-Before compression it gives back only the heavy hitters: every element of the
-marked units is estimated as ``median_j sign_j(i) S[j, bucket_j(i)]`` and the
-``k`` largest estimates, ``ê``, are added to the gradient (as rows, for a
-row-sparse gradient: no dense residual ever exists); what stays behind is
-``S_e - S(ê)``, so mass not yet recovered is delayed, not dropped. After
-compression the new residual ``r`` is folded in: ``S_e <- S_e - S(ê) + S(r)``,
-hashing only the units ``r`` holds (its rows, when row-sparse).
-
-Hashes come from :class:`hvdsketch.compress.hashing.HashFamily`, drawn once
-per tensor name (the sketch lives across steps, so they never change), on the
-units of a :class:`~hvdsketch.compress.support.Layout`; at most
-:data:`SketchStore.batch` elements are hashed at once. When the sketch would
-not be smaller than the tensor, the residual is kept in float32 (as rows when
-it comes as rows).
+A count sketch (Charikar et al., 2002) is linear, ``S(a) + S(b) = S(a + b)``, so residuals accumulate in it
+without ever being materialised: the store keeps ``S_e`` and a mark per support unit the residual touched.
+Before compression it gives back the ``k`` largest estimates ``ê`` (``median_j sign_j(i) S[j, bucket_j(i)]``
+over the marked units; rows for a row-sparse gradient) and keeps ``S_e - S(ê)``, so unrecovered mass is
+delayed, not dropped; after, it folds in the new residual ``r``: ``S_e <- S_e - S(ê) + S(r)``. Hashes
+(:class:`hvdsketch.compress.hashing.HashFamily`) are drawn once per tensor name. Where the sketch would not be
+smaller than the tensor, the residual is kept in float32.
 """
 from __future__ import annotations
 

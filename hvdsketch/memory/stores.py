@@ -1,38 +1,15 @@
 """Residual stores: how one tensor's error-feedback residual is kept between steps.
 
-Error feedback (Seide et al., 2014; Karimireddy et al., 2019) sends
-``C(g + e_t)`` and keeps ``e_{t+1} = g + e_t - C(g + e_t)``. Keeping ``e``
-exactly costs as much memory as the model (Zhao et al., IEEE Access 9, 2021);
-ConEF (Li et al., 2023) keeps a compressed ``Q(e)`` instead and loses little.
-A store is one such ``Q``: a frozen dataclass whose fields are the options of
-its flag (``topk:ratio=0.1``), holding a residual as a *state*, a dict of
-back-end tensors on the residual's device (0-d ones for bookkeeping, such as a
-scale, named in :attr:`Store.scalars`). Nothing a store does per step reads a
-device value on the host: scales and choices are computed on the device.
-
-Each step a :class:`~hvdsketch.memory.residual.Memory` calls a store twice::
+Error feedback (Seide et al., 2014; Karimireddy et al., 2019) sends ``C(g + e_t)`` and keeps
+``e_{t+1} = g + e_t - C(g + e_t)``; a store keeps a compressed ``Q(e)`` instead (ConEF, Li et al., 2023).
+A store is a frozen dataclass whose fields are its flag's options (``topk:ratio=0.1``); its state is a
+dict of back-end tensors on the residual's device, computed there with no host sync. Each step a
+:class:`~hvdsketch.memory.residual.Memory` calls::
 
     residual, held = store.take(ops, state, name, like)  # before compression: g' = g + residual
     state = store.put(ops, held, g' - estimate, name)     # after: fold in what was not sent
 
-Most stores give back all they hold, so ``held`` is ``None``; the sketch
-store (:mod:`.sketch`) and ``shared`` keep in ``held`` what they did not give back.
-
-What each store loses of a residual ``e`` in one round trip (tested):
-
-=========  ==========================================================  ============
-store      loss per entry / in total                                    bytes
-=========  ==========================================================  ============
-none       all of ``e``                                                 0
-fp32       nothing (float32 gradients)                                  4 n
-fp16       ``|err_i| <= 2^-11 |e_i| + 2^-39 ||e||`` (scaled by 2^k)     2 n
-bf16       ``|err_i| <= 2^-8 |e_i|`` (normal range)                     2 n
-topk       the ``n - k`` smallest squares: the least any k-sparse
-           store can lose                                               12 k
-shared     tensors of one shape share one fp32 buffer; the largest
-           residual keeps it, the others lose theirs                    4 n per shape
-offload    nothing; fp32 in host memory, two copies per step            0 on device
-=========  ==========================================================  ============
+``held`` is what :meth:`Store.take` did not give back (``None`` but for ``sketch`` and ``shared``).
 """
 from __future__ import annotations
 
@@ -70,11 +47,9 @@ class Store(ABC):
     host: ClassVar[bool] = False
     #: State keys holding 0-d bookkeeping tensors (not counted as residual bytes).
     scalars: ClassVar[tuple[str, ...]] = ()
-    #: True when :meth:`put` keeps a :class:`RowSparse` residual as its rows (and :meth:`take` may
-    #: give rows back); other stores are given dense residuals.
+    #: True when :meth:`put` keeps a :class:`RowSparse` residual as rows (other stores get dense residuals).
     row_sparse: ClassVar[bool] = False
-    #: True when a dense residual's state is arrays of fixed shapes on its device, which a graph being
-    #: traced (``tf.function``) holds in variables it reads and writes at each run.
+    #: True when a dense residual's state has fixed shapes on its device, so a traced graph can hold it.
     traceable: ClassVar[bool] = False
 
     def slot(self, name: str, shape: tuple[int, ...]) -> str:
@@ -127,10 +102,7 @@ class Nothing(Store):
 
 @dataclass(frozen=True)
 class Fp32(Store):
-    """The full residual in float32: classic error feedback, exact for float32 gradients.
-
-    A row-sparse residual is kept as its rows (``i``, ``v``) and given back as rows: a residual
-    never has support outside the rows it was given."""
+    """The full residual in float32 (classic error feedback); a row-sparse one kept as rows (``i``, ``v``)."""
 
     name: ClassVar[str] = "fp32"
     row_sparse: ClassVar[bool] = True
@@ -160,17 +132,10 @@ class Fp32(Store):
 
 @dataclass(frozen=True)
 class Fp16(Store):
-    """The residual in 16-bit floats, scaled by a power of two so it neither overflows nor underflows.
+    """The residual in float16, scaled by a power of two so it neither overflows nor underflows.
 
-    With ``s = 2^(ceil(log2 ||e||) - 15)`` every ``|e_i| / s <= 2^15`` stays below
-    fp16's maximum 65504, and entries down to ``2^-29 ||e||`` stay normal. Scaling
-    by a power of two is exact, so per entry (round to nearest, unit roundoff
-    ``u = 2^-11``, half the smallest subnormal spacing ``2^-25``)::
-
-        |err_i| <= u |e_i| + 2^-25 s <= 2^-11 |e_i| + 2^-39 ||e||
-
-    (for ``2^-85 <= ||e|| <= 2^115``, where the exponent is not clamped). The scale is a 0-d
-    float32 tensor computed on the residual's device (a zero or non-finite norm: scale 1).
+    The scale ``s = 2^(ceil(log2 ||e||) - 15)`` is a 0-d float32 tensor on the device (1 for a zero or
+    non-finite norm); per entry ``|err_i| <= 2^-11 |e_i| + 2^-39 ||e||`` for ``2^-85 <= ||e|| <= 2^115``.
     """
 
     name: ClassVar[str] = "fp16"
@@ -205,11 +170,8 @@ class Bf16(Fp16):
 class TopK(Store):
     """The ``k = ceil(ratio * n)`` entries of the residual largest in magnitude, as (index, value).
 
-    It loses the ``n - k`` smallest squares, the least any store of ``k``
-    entries can lose. Costs 12 bytes per kept entry (int64 index, float32 value).
-    A row-sparse residual keeps its ``k / row length`` rows of largest norm, as rows
-    (``ri``, ``rv``): error feedback whose support stays bounded however many rows
-    the residuals of earlier steps touched.
+    It loses the ``n - k`` smallest squares, the least any ``k``-entry store can; 12 bytes per kept entry.
+    A row-sparse residual keeps its ``k / row length`` rows of largest norm, as rows (``ri``, ``rv``).
     """
 
     name: ClassVar[str] = "topk"
@@ -250,14 +212,9 @@ class TopK(Store):
 class Shared(Fp32):
     """Tensors of one shape share one float32 buffer; the largest residual keeps it.
 
-    The buffer remembers whose residual it holds (``owner``, a 62-bit digest of
-    the tensor's name) and its energy ``||e||^2``. Only the owner takes it back
-    (and so empties it: its energy becomes -1); a new residual replaces what the
-    buffer holds when the buffer is empty or the new one carries at least as
-    much energy. A residual is never added to another tensor's gradient (a
-    member that does not own the buffer gets zeros); in one step where every
-    member writes into an emptied buffer, the group loses
-    ``sum ||e_i||^2 - max ||e_i||^2``. Both choices are made on the device.
+    The buffer holds its owner (:meth:`owner` of the tensor's name) and energy ``||e||^2``. Only the owner
+    takes it back, emptying it (energy -1; other members get zeros); a new residual replaces it when it is
+    empty or the new one has at least as much energy. Both choices are made on the device.
     """
 
     name: ClassVar[str] = "shared"
@@ -289,15 +246,8 @@ class Shared(Fp32):
 
 @dataclass(frozen=True)
 class Offload(Fp32):
-    """The float32 residual in host memory (swapped out like vDNN swaps activations).
-
-    Exact, and it costs no accelerator memory, but two copies over the host
-    link per step (device to host after compression, back before the next);
-    the memory's ``seconds["offload"]`` reports the time they take. Both copies
-    are synchronous (from and to pageable host memory), so on a GPU each is a
-    host sync per tensor per step: the price of the memory it saves. On a
-    CPU-only machine it works alike and saves nothing.
-    """
+    """The float32 residual in host memory: exact, no accelerator memory, but two synchronous host copies
+    per tensor and step (timed in the memory's ``seconds["offload"]``); saves nothing on a CPU-only machine."""
 
     name: ClassVar[str] = "offload"
     host: ClassVar[bool] = True

@@ -1,30 +1,11 @@
 """Warm-up statistics: how much of each tensor's residual each candidate store would lose, and its time.
 
-What a store loses matters through its sum. With error feedback, the updates
-of ``T`` steps add up to the gradients' sum minus what the store dropped
-(error feedback telescopes, as in Karimireddy et al., 2019)::
-
-    sum_t C(g_t + Q(e_t)) = sum_t g_t - sum_t (e_t - Q(e_t)) - e_T
-
-so the parameters drift from the uncompressed trajectory by ``lr`` times the
-*accumulated* loss ``sum_t l_t``, ``l_t = e_t - Q(e_t)``. A store that drops
-the same coordinates every step (no error feedback at all; a biased
-compressor's persistent residual) drifts like ``T ||l||``; one whose losses
-vary in sign drifts like ``sqrt(T) ||l||``. So a store's *lost energy* is
-measured as ``||sum_t l_t||^2 / T`` over the warm-up steps, and "no error
-feedback" loses ``||sum_t e_t||^2 / T``.
-
-During a warm-up with full error feedback every residual ``e_t`` is put into
-each candidate store and taken back (one round trip, on the tensor's own
-back-end and device). Only the loss at a fixed random sample of at most
-:data:`SAMPLE` coordinates per tensor is accumulated (scaled by ``n / m``, an
-unbiased estimate of the squared norm), so the statistics stay small. The
-``shared`` store's loss depends on the other tensors of its shape; the
-planner derives it from the per-step samples and energies: one step of a
-shared buffer keeps the group's largest residual and loses the others.
-
-Host syncs: during the warm-up steps only, a few per tensor and step (the
-energy and the samples come to the host); none once the plan is made.
+Error feedback telescopes (Karimireddy et al., 2019), ``sum_t C(g_t + Q(e_t)) = sum_t g_t - sum_t (e_t -
+Q(e_t)) - e_T``, so the parameters drift by the *accumulated* loss: a store's lost energy is
+``||sum_t (e_t - Q(e_t))||^2 / T`` over the warm-up steps (no error feedback: ``||sum_t e_t||^2 / T``).
+Each observed residual makes one round trip through every candidate on its own device; losses are kept at a
+fixed random sample of at most :data:`SAMPLE` coordinates (scaled by ``n / m``). The planner derives
+``shared``'s loss from the per-step samples and energies. Host syncs happen in warm-up steps only.
 """
 from __future__ import annotations
 

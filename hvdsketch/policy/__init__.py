@@ -1,20 +1,17 @@
 """Per-tensor compression policies: one compressor, explicit rules, or ``auto``.
 
-What ``compression=`` (Python), ``--compression``, ``HVDSKETCH_COMPRESSION`` and
-``compression:`` (YAML) accept:
+What ``compression=`` (Python), ``--compression``, ``HVDSKETCH_COMPRESSION`` and ``compression:`` (YAML) accept:
 
 - a compressor flag, ``"sketch:error=0.5"``: that compressor for every tensor
   (:class:`~hvdsketch.policy.base.Fixed`);
-- ``"auto"`` or ``"auto:bandwidth=1gbit,warmup=5"``: a cost model picks each
-  tensor's compressor after a few dense warm-up steps
-  (:mod:`hvdsketch.policy.auto`);
-- rules, as a YAML mapping ``{rules: [...], default: ...}`` or in Python a list
-  of :class:`~hvdsketch.policy.rules.Rule` (or of their mappings) or a
-  :class:`~hvdsketch.policy.rules.Rules` (:mod:`hvdsketch.policy.rules`);
+- ``"auto"`` or ``"auto:bandwidth=1gbit,warmup=5"``: a cost model picks each tensor's compressor after a few
+  dense warm-up steps (:mod:`hvdsketch.policy.auto`);
+- rules, as a YAML mapping ``{rules: [...], default: ...}`` or in Python a list of
+  :class:`~hvdsketch.policy.rules.Rule` (or of their mappings) or a :class:`~hvdsketch.policy.rules.Rules`;
 - a :class:`~hvdsketch.policy.base.Policy` or a compressor object.
 
-At start (and on each re-plan) rank 0 prints the assignment table; the
-optimizer's ``report()`` and ``hvdsketch train``'s JSON record keep it.
+Rank 0 prints the assignment table at start and on each re-plan; the optimizer's ``report()`` and
+``hvdsketch train``'s JSON record keep it.
 """
 from __future__ import annotations
 

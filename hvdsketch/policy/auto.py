@@ -1,37 +1,17 @@
-"""``auto``: pick each tensor's compressor from a cost model, measured on the run itself.
+"""``auto``: pick each tensor's compressor from a cost model (:mod:`hvdsketch.policy.cost`), measured on the run.
 
-No single compressor wins on a real model (a row-sparse embedding gradient, dense
-matrices, small tensors; a link that may be faster than compressing), so:
+1. Probe the link's latency and bandwidth (:mod:`hvdsketch.policy.probe`), unless ``bandwidth=`` and ``latency=``
+   are given.
+2. For ``warmup`` dense steps record each gradient's element and unit densities
+   (:func:`~hvdsketch.policy.cost.densities`); the ranks agree on them in one allgather.
+3. Measure the candidates (:meth:`AutoPolicy.candidates`) on the deciding step's tensors, the slowest rank's
+   cost priced with the link.
+4. Rank 0 picks the cheapest that beats dense by ``margin``, shares collectives where that makes the step
+   cheaper (:meth:`AutoPolicy.share`), broadcasts and prints the table; ``replan=K`` decides again every
+   ``K`` steps.
 
-1. **Probe** (first step): the link's latency and bandwidth by timed allreduces
-   (:mod:`hvdsketch.policy.probe`), unless ``bandwidth=`` and ``latency=`` are given.
-2. **Warm up** (``warmup`` steps, dense; a row-sparse gradient by ``allgather``):
-   each rank records each gradient's element and unit densities
-   (:func:`~hvdsketch.policy.cost.densities`), the maximum over the steps.
-3. **Agree on the statistics**: one allgather; every rank takes the maximum element
-   density (what top-k keeps) and the sum of unit densities (a bound on the union
-   a sketch holds), in one order, so all ranks size the same candidates.
-4. **Candidates** per tensor, sized with ``headroom``: ``none``, ``fp16``,
-   ``allgather``, ``union`` and ``balanced`` (where some units are empty), ``topk``
-   at the measured density (not for a row-sparse gradient), ``sketch`` at the
-   ``error`` target (where smaller than dense), ``powersgd`` at ``powersgd_rank``
-   (matrices where it saves). Random-k is left out: it does not know where a
-   sparse gradient's non-zeros are.
-5. **Measure** each candidate on the deciding step's real tensor
-   (:func:`~hvdsketch.policy.cost.measure`: codec time, bytes on the wire,
-   extra collectives), the maximum over ranks, priced with the link
-   (:mod:`hvdsketch.policy.cost`).
-6. **Decide on rank 0 and broadcast**: the cheapest candidate, if it beats the
-   dense allreduce by ``margin``; then the step is priced whole
-   (:meth:`AutoPolicy.share`): a collective only a few tensors launch goes where
-   moving them costs the step less than its latency.
-7. Rank 0 prints the assignment table; ``replan=K`` observes and decides again
-   every ``K`` steps.
-
-Statistics and decisions travel on a side channel of the communicator (not
-counted as gradient bytes); the decision is part of :meth:`AutoPolicy.state_dict`.
-Every tensor the policy makes is made on the gradients' device, and its host
-syncs happen in observed steps only.
+Statistics and decisions travel on a side channel (not counted as gradient bytes); the decision is part of
+:meth:`AutoPolicy.state_dict`. Tensors are made on the gradients' device; host syncs happen in observed steps only.
 """
 from __future__ import annotations
 
@@ -184,11 +164,9 @@ class AutoPolicy(Policy):
 
     def candidates(self, shape: Sequence[int], dtype: str, element: float, union: float,
                    traced: bool = False, row_sparse: bool = False) -> list[Compressor]:
-        """The compressors worth measuring for a tensor of ``shape`` whose ranks keep at most an
-        ``element`` fraction non-zero and whose ranks' non-zero units add up to at most a ``union``
-        fraction of units (a bound on their union); ``traced``: only those that work inside
-        ``tf.function`` (not the exact sparse methods, whose sizes are known only at run time);
-        ``row_sparse``: the gradient comes as rows."""
+        """The compressors worth measuring for a tensor of ``shape`` whose ranks keep at most an ``element``
+        fraction non-zero and whose non-zero units add up to at most a ``union`` fraction; ``traced``: only
+        those that work inside ``tf.function``; ``row_sparse``: the gradient comes as rows."""
         numel = math.prod(shape)
         found = [self._none]
         if dtype in ("float32", "float64"):
@@ -245,9 +223,8 @@ class AutoPolicy(Policy):
     @staticmethod
     def _measure(compressor: Compressor, tensor: Any, ctx: TensorContext, union: float, touched: float | None = None,
                  ring_bor: bool = False) -> Measurement:
-        """The candidate measured on this rank; the union and balanced methods' bytes from ``union``
-        (the ranks' union, a fraction of units) and the ranks' mean unit density ``touched`` (default:
-        ``union``'s share of a rank; one rank's run sees only its own units)."""
+        """The candidate measured on this rank; ``union``'s and ``balanced``'s bytes from the ranks' ``union``
+        (a fraction of units) and mean unit density ``touched`` (default: ``union``'s share of a rank)."""
         measured = measure(compressor, tensor, ctx, ring_bor=ring_bor)
         if not isinstance(compressor, (Union, Balanced)):
             return measured
@@ -269,12 +246,10 @@ class AutoPolicy(Policy):
         return best if costs[best] < (1 - self.options.margin) * costs[0] else 0
 
     def share(self, measured: Sequence[Sequence[Measurement]], choice: Sequence[int], link: Link) -> list[int]:
-        """``choice`` (an index into each tensor's ``measured``) with collectives shared where that makes
-        the step cheaper (:func:`~hvdsketch.policy.cost.step_seconds`): for one collective of the step,
-        every tensor in it moves to its cheapest candidate outside it (:meth:`_without`), kept if the
-        step's seconds fall by more than ``margin`` of the moved tensors' dense seconds; again until no
-        collective can go. So a small dense tensor whose own allreduce would be the step's only one
-        rides in the embedding's allgather instead (fastText)."""
+        """``choice`` (an index into each tensor's ``measured``) with collectives shared where that makes the
+        step cheaper (:func:`~hvdsketch.policy.cost.step_seconds`): every tensor in one collective moves to its
+        cheapest candidate outside it (:meth:`_without`), kept if the step's seconds fall by more than
+        ``margin`` of the moved tensors' dense seconds; again until no collective can go."""
         choice = list(choice)
         while True:
             chosen = [ms[k] for ms, k in zip(measured, choice)]
@@ -290,9 +265,8 @@ class AutoPolicy(Policy):
     @staticmethod
     def _without(key: tuple[int, str, str], measured: Sequence[Sequence[Measurement]], choice: Sequence[int],
                  link: Link) -> tuple[list[int], list[int]] | None:
-        """``choice`` with every tensor in the collective ``key`` moved to its cheapest candidate outside
-        it (the collectives the other tensors launch cost it no latency), and the moved tensors; ``None``
-        where one of them has no candidate outside it."""
+        """``choice`` with every tensor in the collective ``key`` moved to its cheapest candidate outside it, and
+        the moved tensors; ``None`` where one of them has no candidate outside it."""
         chosen = [ms[k] for ms, k in zip(measured, choice)]
         moved = [i for i, m in enumerate(chosen) if key in m.collectives]
         free = frozenset().union(*(m.collectives for i, m in enumerate(chosen) if i not in moved))
@@ -328,12 +302,9 @@ class AutoPolicy(Policy):
 
 def measured_union(side: Communicator, tensors: Sequence[Any], contexts: Sequence[TensorContext],
                    bound: Sequence[float]) -> list[float]:
-    """Each tensor's union of the ranks' non-zero units, as a fraction of its units, where ``bound``
-    (the sum of the ranks' unit densities) is under 1: the ranks' bitmaps OR-ed over ``side`` in one
-    collective, what the ``union`` method's first round does; elsewhere the bound itself. Where ranks
-    share units the bound overstates the union (the LSTM's embedding at 8 ranks: 1183 rows against
-    2320), and with it ``union``'s and ``balanced``'s bytes. Collective: every rank passes the same
-    ``bound``."""
+    """Each tensor's union of the ranks' non-zero units (a fraction of its units): the ranks' bitmaps OR-ed over
+    ``side`` in one collective where ``bound`` (the sum of their unit densities) is under 1, else ``bound``.
+    Collective: every rank passes the same ``bound``."""
     sparse = [i for i, u in enumerate(bound) if u < 1]
     out = [float(u) for u in bound]
     if not sparse:

@@ -1,23 +1,11 @@
 """What a compression policy is: a compressor for every tensor, decided at step boundaries.
 
-The exchanger (:mod:`hvdsketch.exchange`) asks, for each gradient as it becomes
-ready::
-
-    compressor = policy.compressor(ctx)              # what was decided before this step
-
-and once the step's exchanges have finished, at the step boundary::
-
-    policy.end_step(inputs, communicator)            # may look at the step's gradients, decide
-
-``inputs`` are the step's gradients as the exchange took them (dense, or
-:class:`~hvdsketch.compress.RowSparse`) with their contexts, given only while
-:attr:`Policy.wants_inputs`. Every rank ends the same steps with the same names
-and shapes (the exchanger checks it), so ``end_step`` may run collectives of its
-own to agree on a decision. Inside ``tf.function`` a policy still deciding
-(:attr:`Policy.pending`) is handed eager stand-ins with ``traced=True`` before
-the graph is built, decides at once, choosing only compressors that work in a
-graph (no per-step state kept in Python), and the traced graph keeps that
-decision.
+The exchanger (:mod:`hvdsketch.exchange`) asks ``policy.compressor(ctx)`` for each gradient as it becomes ready
+and calls ``policy.end_step(inputs, communicator)`` at each step boundary, with the step's gradients (dense or
+:class:`~hvdsketch.compress.RowSparse`) while :attr:`Policy.wants_inputs`. Every rank ends the same steps with
+the same tensors, so ``end_step`` may run collectives to agree on a decision. Inside ``tf.function`` a
+:attr:`Policy.pending` policy gets eager stand-ins with ``traced=True`` and decides at once, among compressors
+that work in a graph.
 """
 from __future__ import annotations
 
@@ -56,8 +44,7 @@ class Policy(ABC):
         return None
 
     def compressors(self) -> dict[str, Compressor]:
-        """The compressors this policy may hand out as it stands (its rules', its decisions), by
-        flag: what a graph traced now would run."""
+        """The compressors this policy may hand out as it stands, by flag: what a graph traced now would run."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,34 +1,15 @@
 """The cost model of a per-tensor choice: seconds on the wire plus seconds of compute.
 
-A compressor's exchange of one tensor costs one rank, per step::
+A compressor ``c``'s exchange of one tensor costs one rank, per step::
 
     t(c) = wire(c) / bandwidth  +  calls(c) * latency  +  compute(c)
 
-- ``wire(c)``: bytes this rank sends in the collectives of ``c``'s messages,
-  by each message's op (the formulas of :mod:`hvdsketch.collectives.stats` and
-  the Horovod communicator): an averaging (or max) allreduce of ``b`` bytes
-  sends ``2 (N-1)/N * b`` (ring, Patarasuk & Yuan 2009); an allgather, and
-  Horovod's bitwise OR, which is one, sends ``(N-1) * b`` of the local payload;
-  the MPI layer's bitwise OR is a ring allreduce (``ring_bor``). Messages whose
-  size depends on the other ranks' supports (the ``union`` method's second
-  round, ``balanced``'s rows) are priced from the union the caller gives
-  (:func:`union_bytes`, :func:`balanced_bytes`; ``auto`` ORs the ranks'
-  bitmaps once to learn it), not from one rank's run.
-- ``bandwidth``: bytes per second one rank moves while every rank moves data
-  at once (probed with a timed allreduce, :mod:`hvdsketch.policy.probe`, so a
-  link shared by all ranks is measured as it is shared).
-- ``calls(c)``: collectives ``c`` adds to the step beyond the one fused
-  allreduce of the tensors' own dtype that dense tensors ride in anyway: fp16
-  is a second dtype (one more fused allreduce), top-k two allgathers (index,
-  value), PowerSGD a second round. Counted per tensor, which overstates what
-  tensors sharing a call pay: the model errs towards fewer collectives.
-  :func:`step_seconds` prices a whole step's choices instead: one latency per
-  collective the step launches, a round's messages of one kind and dtype
-  sharing one (as the communicators group them, and Horovod fuses them), the
-  dense allreduce counted only where some tensor goes dense.
-- ``compute(c)``: compress plus decompress, timed on the real tensor
-  (:func:`measure`), densifying a row-sparse gradient included where ``c``
-  needs it dense.
+``wire(c)``: the bytes this rank sends in the collectives of ``c``'s messages (:func:`wire_bytes`; bytes that
+depend on the other ranks' supports are priced from the union given: :func:`union_bytes`, :func:`balanced_bytes`).
+``bandwidth`` and ``latency``: the link as all ranks share it (:mod:`hvdsketch.policy.probe`). ``calls(c)``: the
+collectives beyond the fused allreduce dense tensors ride in anyway; :func:`step_seconds` prices a whole step
+instead, one latency per collective it launches. ``compute(c)``: compress plus decompress, timed on the real
+tensor (:func:`measure`).
 """
 from __future__ import annotations
 
@@ -110,12 +91,10 @@ def union_bytes(shape: Sequence[int], itemsize: int, union_units: float, size: i
 
 
 def lower_bound(rows: int, row_bytes: int, touched: float, union: float, size: int) -> tuple[float, float]:
-    """``(values, index)``: the fewest bytes one rank sends, on average, in any exact exchange of a
-    row-sparse gradient of ``rows`` rows of ``row_bytes`` whose ranks touch ``touched`` rows each on
-    average and ``union`` rows together: ``row_bytes * (z + (N - 2) u / N)`` of values (a row ``m``
-    ranks touched needs ``m - 1`` transfers to be summed and ``N - 1`` to reach every rank), and
-    the union's index, a bitmap of ``rows`` bits or its ``u`` sorted rows at ``log2(rows / u)`` bits
-    each, whichever is smaller (DESIGN.md, "Exact sparse exchange and its lower bound")."""
+    """``(values, index)``: the fewest bytes one rank sends, on average, in any exact exchange of a row-sparse
+    gradient of ``rows`` rows of ``row_bytes`` whose ranks touch ``touched`` rows each and ``union`` together:
+    ``row_bytes * (z + (N - 2) u / N)`` of values, and for the index the smaller of a ``rows``-bit bitmap and
+    ``u`` sorted rows at ``log2(rows / u)`` bits each (DESIGN.md, "Exact sparse exchange and its lower bound")."""
     if size <= 1:
         return 0.0, 0.0
     values = row_bytes * (touched + (size - 2) * union / size)
@@ -124,9 +103,8 @@ def lower_bound(rows: int, row_bytes: int, touched: float, union: float, size: i
 
 
 def code_bytes(units: int, touched: float) -> float:
-    """Bytes of a rank's rows coded as :mod:`hvdsketch.compress.rowcode` would, expected for
-    ``touched`` rows spread over ``units``: the bitmap, or deltas as wide as the largest gap, about
-    ``units / touched * ln(touched)`` for rows drawn at random, needs; whichever is smaller."""
+    """Expected bytes of ``touched`` random rows of ``units`` coded as :mod:`hvdsketch.compress.rowcode` codes them:
+    the smaller of the bitmap and deltas as wide as the largest gap (about ``units / touched * ln(touched)``)."""
     if touched < 1:
         return 0.0
     gap = units / touched * max(1.0, math.log(touched))
@@ -136,10 +114,9 @@ def code_bytes(units: int, touched: float) -> float:
 
 def balanced_bytes(units: int, unit_bytes: int, touched: float, union: float, size: int,
                    code: float | None = None, header: int = 16) -> float:
-    """Bytes one rank sends, on average, in the ``balanced`` method: its rows' code (``code`` bytes,
-    else :func:`code_bytes`) and ``header`` bytes to every other rank (16 over Horovod: the
-    two-number header; 80 over the MPI layer, whose allgathervs and alltoallv add 16-byte headers
-    of their own), then the bound's values (each row's owner touched it: its copy stays home)."""
+    """Bytes one rank sends, on average, in the ``balanced`` method: its rows' code (``code`` bytes, else
+    :func:`code_bytes`) and ``header`` bytes to every other rank (16 over Horovod, 80 over the MPI layer), then
+    the values of :func:`lower_bound`."""
     values, _ = lower_bound(units, unit_bytes, touched, union, size)
     return (size - 1) * (header + (code_bytes(units, touched) if code is None else code)) + values
 
@@ -179,14 +156,9 @@ def shares(chosen: Sequence[Measurement], link: Link) -> list[float]:
 
 def measure(compressor: Compressor, tensor: Any, ctx: TensorContext, repeats: int = 5,
             ring_bor: bool = False) -> Measurement:
-    """Run ``compressor``'s whole exchange of ``tensor`` locally (each round's reduction over this
-    rank alone), the median of ``repeats`` timings (the first also pays one-off costs such as
-    allocations; the median, not the best, as the link probe's: where ranks share cores, the best
-    is the run that met the fewest others, and a step meets the typical one), and count the bytes
-    its messages would put on the wire over ``ctx.world_size`` ranks (``ring_bor``: the
-    communicator ORs in a ring). Each run starts from the tensor's initial
-    state and keeps none (compressors are stateless; the exchanger's table is not touched). Timing
-    waits for the device (host syncs: it runs at the deciding step only)."""
+    """Run ``compressor``'s whole exchange of ``tensor`` locally (each round reduced over this rank alone): the
+    median of ``repeats`` timings, and the bytes its messages would put on the wire over ``ctx.world_size`` ranks
+    (``ring_bor``: the communicator ORs in a ring). Runs keep no state; timing waits for the device."""
     ops = backend(values_of(tensor))
     ctx = replace(ctx, state=None)
     timings, rounds = [], []
@@ -210,17 +182,15 @@ def densified(tensor: Any) -> Any:
 
 
 def collectives(rounds: Sequence[Sequence[Message]]) -> frozenset[tuple[int, str, str]]:
-    """The collectives an exchange's rounds launch, as ``(round, group, dtype)``: a round's messages
-    grouped as every communicator groups them (:func:`hvdsketch.collectives.grouping.group`: one fused
-    allreduce per op and dtype, one allgather per dtype)."""
+    """The collectives an exchange's rounds launch, as ``(round, group, dtype)``, a round's messages grouped as
+    every communicator groups them (:func:`hvdsketch.collectives.grouping.group`)."""
     return frozenset((i, *key) for i, messages in enumerate(rounds) for key in group(messages))
 
 
 def densities(tensor: Any, shape: Sequence[int], block: int) -> tuple[float, float]:
-    """This rank's ``(element density, unit density)`` of a gradient: the fraction of its
-    coordinates that are non-zero (what top-k must keep to be exact) and of its support units,
-    rows or ``block``-element blocks (what the sketch's bitmap marks, :class:`Layout`). A
-    row-sparse gradient counts its distinct rows, taken as fully non-zero."""
+    """This rank's ``(element density, unit density)`` of a gradient: the non-zero fraction of its coordinates
+    and of its support units (rows or ``block``-element blocks, :class:`Layout`); a row-sparse gradient's
+    distinct rows count as fully non-zero."""
     layout = Layout.of(shape, block)
     if layout.numel == 0:
         return 0.0, 0.0

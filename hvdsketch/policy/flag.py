@@ -14,9 +14,8 @@ HOROVOD = {"NoneCompressor": "none", "FP16Compressor": "fp16"}
 
 
 def unwrapped(compression: Any) -> Any:
-    """A value for Horovod's ``compression=`` (hvdsketch's drop-in compression, or Horovod's own
-    ``Compression.none`` / ``.fp16``) as the compressor or flag it carries, so a script moves from
-    Horovod's optimizer or tape to hvdsketch's with its arguments as they are; anything else as it is."""
+    """A value for Horovod's ``compression=`` (hvdsketch's drop-in compression, or Horovod's ``Compression.none``
+    / ``.fp16``) as the compressor or flag it carries; anything else as it is."""
     inner = getattr(compression, "compressor", None)
     if isinstance(inner, Compressor) and hasattr(compression, "compress"):
         return inner

@@ -1,16 +1,11 @@
 """Probe the link: what one allreduce costs in latency and in bytes per second.
 
-Every rank times allreduces of a tiny tensor and of a few megabytes through
-the communicator the gradients will use, all ranks at once, so the probe sees
-the link as training will: shared by all ranks, with the collective library's
-own overheads. With ``t_s`` and ``t_b`` the median times of the small and the
-big allreduce of ``b`` bytes (the median, not the best: on a busy machine a
-step meets the typical collective, not the luckiest)::
+Every rank times allreduces of a tiny tensor and of :data:`PROBE_BYTES` through the gradients' communicator,
+all ranks at once, so the link is seen shared as in training. With ``t_s`` and ``t_b`` their median times
+(after one untimed round each)::
 
     latency   = t_s
     bandwidth = 2 (N-1)/N * b / (t_b - t_s)        (bytes one rank sends per second)
-
-One untimed round of each first lets the library negotiate and allocate.
 """
 from __future__ import annotations
 

@@ -8,11 +8,9 @@ In a YAML config::
         - {ndim: 2, min_size: 100000, compression: "powersgd:rank=4"}
       default: none            # or auto:bandwidth=1gbit, which decides the unmatched tensors
 
-or in Python, ``compression=[Rule("embedding.*", "topk:ratio=0.05"), ...]`` or
-``Rules([...], default="auto")``. Names match with :mod:`fnmatch` patterns
-(``*``, ``?``, ``[seq]``), so ``"lstm.weight_*"`` or ``"*bias"``; a rule with
-several conditions needs them all. Compressor flags are validated when the
-rules are made, so a typo fails at start with the valid choices.
+or in Python ``Rules([Rule("embedding.*", "topk:ratio=0.05"), ...], default="auto")``. Names match as
+:mod:`fnmatch` patterns; a rule with several conditions needs them all. Compressor flags are validated when the
+rules are made, so a typo fails at start.
 """
 from __future__ import annotations
 

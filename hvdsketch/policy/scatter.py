@@ -1,9 +1,8 @@
 """The policies of a reduce-scatter (FSDP's gradient reduction): one method for every module, or ``auto``.
 
-What ``compression=`` of :func:`hvdsketch.torch.fsdp.compress` accepts: a reduce-scatter method's
-flag (:mod:`hvdsketch.compress.scatter`: ``none``, ``fp16:dtype=bfloat16``, ``quantize``, ``rows``)
-as a :class:`~hvdsketch.policy.base.Fixed` policy; ``auto[:...]``, the cost model pricing those
-methods per FSDP module (:class:`ScatterAutoPolicy`); or a policy object as it is.
+What ``compression=`` of :func:`hvdsketch.torch.fsdp.compress` accepts: a reduce-scatter method's flag
+(:mod:`hvdsketch.compress.scatter`) as a :class:`~hvdsketch.policy.base.Fixed` policy, ``auto[:...]``
+(:class:`ScatterAutoPolicy`), or a policy object as it is.
 """
 from __future__ import annotations
 
@@ -18,18 +17,10 @@ from hvdsketch.policy.cost import Measurement, measure
 
 
 class ScatterAutoPolicy(AutoPolicy):
-    """``auto`` for a reduce-scatter: each FSDP module's method priced from the link as ``auto`` prices
-    an allreduce's (:mod:`hvdsketch.policy.auto`: warm-up steps of FSDP's own reduce-scatter, the
-    ranks' densities agreed, every candidate measured on the module's real gradients, the slowest
-    rank's cost, rank 0's choice), among the reduce-scatter methods:
-
-    - ``none``, FSDP's own: the dense cost every other must beat by ``margin``;
-    - ``fp16:dtype=bfloat16`` for float32 and float64 gradients;
-    - ``quantize`` (8 bits, its residuals fed back);
-    - ``rows`` where some of the module's rows (units) hold no non-zero on any rank.
-
-    A module's exchange completes before the next module's starts (FSDP reads each block when its
-    call returns), so no two modules share a collective: each pays the latency of its own.
+    """``auto`` for a reduce-scatter: each FSDP module's method priced as :class:`AutoPolicy` prices an
+    allreduce's, among ``none`` (FSDP's own, to beat by ``margin``), ``fp16:dtype=bfloat16`` (float32 and float64
+    gradients), ``quantize`` (8 bits, residuals fed back) and ``rows`` (where some rows are zero on every rank).
+    Modules share no collective: each module's exchange completes before the next one's starts.
     """
 
     create: ClassVar[Callable[[str], Compressor]] = staticmethod(scatter.create)
@@ -54,9 +45,8 @@ class ScatterAutoPolicy(AutoPolicy):
 
 
 def create(compression: Any = None) -> Policy:
-    """The reduce-scatter policy ``compression`` names; ``None`` falls back to
-    ``HVDSKETCH_COMPRESSION``, then ``"none"``. Raises :class:`hvdsketch.spec.SpecError` naming the
-    valid choices."""
+    """The reduce-scatter policy ``compression`` names; ``None`` falls back to ``HVDSKETCH_COMPRESSION``, then
+    ``"none"``. Raises :class:`hvdsketch.spec.SpecError` naming the valid choices."""
     if isinstance(compression, Policy):
         return compression
     if isinstance(compression, Compressor):

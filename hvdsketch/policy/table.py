@@ -8,11 +8,9 @@ from typing import Any, Sequence
 
 @dataclass(frozen=True)
 class Assignment:
-    """One tensor's row: its measured density, the compressor chosen, and the bytes one rank is
-    expected to send per step with it and with a dense allreduce; ``seconds`` and
-    ``dense_seconds`` are the cost model's estimates where a model decided (``None`` otherwise): the
-    tensor's part of the step's, each collective's latency split among the tensors in it, so that
-    the total is the step's estimate."""
+    """One tensor's row: its density, the compressor chosen, and the bytes one rank is expected to send per step
+    with it and with a dense allreduce; ``seconds`` and ``dense_seconds``: the cost model's estimates of the
+    tensor's part of the step (:func:`~hvdsketch.policy.cost.shares`), ``None`` where no model decided."""
 
     tensor: str
     shape: tuple[int, ...]
