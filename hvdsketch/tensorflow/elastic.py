@@ -36,7 +36,8 @@ from typing import Any
 import tensorflow as tf
 from horovod.tensorflow import elastic as _horovod
 
-from hvdsketch.tensorflow.gradients import GradientExchange, tape_exchanges
+from hvdsketch.tensorflow import gradients
+from hvdsketch.tensorflow.gradients import GradientExchange
 
 
 class _WithExchanges:
@@ -50,7 +51,7 @@ class _WithExchanges:
 
     def _exchanges(self) -> list[GradientExchange]:
         own = getattr(self.optimizer, "_hvdsketch", None)
-        return ([own.exchange] if own is not None else []) + tape_exchanges()
+        return ([own.exchange] if own is not None else []) + gradients.TAPES()
 
     def save(self) -> None:
         super().save()

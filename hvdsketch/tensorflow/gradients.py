@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
@@ -41,11 +40,33 @@ from hvdsketch.exchange.session import Session, Tensor, create_policy, in_elasti
 from hvdsketch.ops import tensorflow as tf_ops
 from hvdsketch.tensorflow.arguments import index_groups, names_of, start_together
 
-_exchanges: dict[tuple, "GradientExchange"] = {}  # setup -> the one exchange the tapes of that setup share
-_made: dict[str, int] = {}  # setup -> exchanges of it made so far in this process
-#: Called with each tape's exchange as it is made (a restored checkpoint gives it its state); held
-#: weakly, so that a state the script has dropped stops listening.
-on_new_tape: list[weakref.WeakMethod] = []
+class TapeExchanges:
+    """This process's tape exchanges: one per setup, shared by the tapes Horovod's habit makes anew
+    every step, in the order they were made, and the checkpoint entries restored for those not made yet."""
+
+    def __init__(self) -> None:
+        self.by_setup: dict[tuple, GradientExchange] = {}
+        self.made: dict[str, int] = {}  # setup -> exchanges of it made so far (names its collectives)
+        #: The restored entry (and its ``reset_on_change``) of each exchange not made yet, by its place.
+        self.restored: dict[int, tuple[Any, bool]] = {}
+
+    def __call__(self) -> list[GradientExchange]:
+        return list(self.by_setup.values())
+
+    def claim(self, exchange: GradientExchange) -> None:
+        """Give ``exchange`` (at its first step) the entry restored for its place, if any."""
+        place = list(self.by_setup.values()).index(exchange)
+        if place in self.restored:
+            exchange.load(*self.restored.pop(place))
+
+    def clear(self) -> None:
+        self.by_setup.clear()
+        self.made.clear()
+        self.restored.clear()
+
+
+#: The tape exchanges of this process (:func:`hvdsketch.tensorflow.TapeState` saves and restores them).
+TAPES = TapeExchanges()
 
 
 @tf.autograph.experimental.do_not_convert  # called where a tape is made, inside tf.function too: plain Python
@@ -61,11 +82,11 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
     flag = spec.resolve(compression) if compression is None else compression
     key = (_identity(flag), _identity(memory), reduction, sparse_as_dense, gradient_predivide_factor,
            process_set.process_set_id, device_dense, device_sparse, error_if_nonfinite)
-    if shared and key in _exchanges:
-        return _exchanges[key]
+    if shared and key in TAPES.by_setup:
+        return TAPES.by_setup[key]
     policy = create_policy(compression)
     setup = "|".join(map(str, (policy, memory, *key[2:])))
-    made = _made[setup] = _made.get(setup, -1) + 1
+    made = TAPES.made[setup] = TAPES.made.get(setup, -1) + 1
     # named by the setup (and how many of it came before), so that a rank that made other exchanges
     # first (say, after an error) still names the collectives of this one as the other ranks do
     prefix = f"hvdsketch_{digest(setup, bits=24):06x}" + (f"_{made}" if made else "")
@@ -75,17 +96,9 @@ def gradient_exchange(hvd: Any, compression: Any, memory: Any, reduction: str, s
                                prefix=prefix, placement=exchange.placement, error_if_nonfinite=error_if_nonfinite)
     if shared:
         exchange.keep = (compression, memory)  # the objects whose identity is in the key stay alive
-        _exchanges[key] = exchange
-        on_new_tape[:] = [ref for ref in on_new_tape if ref() is not None]
-        for ref in list(on_new_tape):
-            if (listener := ref()) is not None:
-                listener(exchange)
+        exchange.tapes = TAPES
+        TAPES.by_setup[key] = exchange
     return exchange
-
-
-def tape_exchanges() -> list["GradientExchange"]:
-    """The exchanges of this process's tapes (:class:`DistributedGradientTape`), in the order they were made."""
-    return list(_exchanges.values())
 
 
 def _identity(argument: Any) -> Any:
@@ -105,6 +118,8 @@ class GradientExchange:
         self.device_dense, self.device_sparse = device_dense, device_sparse
         #: Set by Horovod elastic's sync: the next exchange agrees anew with the ranks of the new world.
         self.rejoin = False
+        #: The registry of a tape's exchange, whose restored entry it takes at its first step.
+        self.tapes: TapeExchanges | None = None
         self._devices: dict[str, str] = {}  # tensor name -> device of its exchange this step
         with tf.init_scope():  # made eagerly, even where the first tape is made inside tf.function
             #: Bytes sent, their dense equivalent and steps, added up by each traced graph as it runs.
@@ -122,6 +137,9 @@ class GradientExchange:
         """``grads`` (of ``sources``, ``None`` where a source has none) reduced across the process
         set; the sources whose ``ref()`` is in ``local`` keep their own gradients."""
         session = self.session
+        if self.tapes is not None:
+            self.tapes, tapes = None, self.tapes
+            tapes.claim(self)
         grads = list(grads)
         if not session.communicator.process_set.included():  # as in Horovod: outside the set, local gradients
             return grads

@@ -39,14 +39,14 @@ gives every rank its entry.
 from __future__ import annotations
 
 import pickle
-import weakref
 import warnings
 from typing import Any, Callable
 
 import tensorflow as tf
 
 from hvdsketch.exchange.session import ALONE
-from hvdsketch.tensorflow.gradients import GradientExchange, on_new_tape, tape_exchanges
+from hvdsketch.tensorflow import gradients
+from hvdsketch.tensorflow.gradients import GradientExchange, TapeExchanges
 
 #: The version of the saved value's layout: ``{"format": 1, "exchanges": [checkpoint, ...]}``.
 FORMAT = 1
@@ -56,17 +56,18 @@ class ExchangeState(tf.train.experimental.PythonState):
     """Every rank's hvdsketch state of the exchanges ``exchanges()`` gives, as a checkpoint saves it.
 
     Args:
-        exchanges: the exchanges, in an order every rank shares (made anew at each call: tapes
+        exchanges: the exchanges, in an order every rank shares (asked anew at each call: tapes
             come into being at their first step).
+        tapes: where the entries of exchanges not made yet wait for their first step (``gradients.TAPES``).
         reset_on_change: restore a checkpoint of another number of ranks or compression setup by
             starting every rank's per-rank state afresh (logged on rank 0) instead of raising.
     """
 
-    def __init__(self, exchanges: Callable[[], list[GradientExchange]], reset_on_change: bool = False) -> None:
-        self.exchanges, self.reset_on_change = exchanges, reset_on_change
+    def __init__(self, exchanges: Callable[[], list[GradientExchange]], reset_on_change: bool = False,
+                 tapes: TapeExchanges | None = None) -> None:
+        self.exchanges, self.reset_on_change, self.tapes = exchanges, reset_on_change, tapes
         self._gathered: tuple[list[int], list[Any]] | None = None  # (each exchange's step, its checkpoint)
         self._restored: bytes | None = None
-        self._pending: list[Any] = []  # checkpoints for exchanges not made yet, in their order
 
     def gather(self) -> None:
         """Collect every rank's state for the next save (collective: every rank, between steps)."""
@@ -96,12 +97,9 @@ class ExchangeState(tf.train.experimental.PythonState):
         exchanges = self.exchanges()
         for exchange, entry in zip(exchanges, saved["exchanges"]):
             exchange.load(entry, self.reset_on_change)
-        self._pending = saved["exchanges"][len(exchanges):]
-
-    def claim(self, exchange: GradientExchange) -> None:
-        """A new exchange (a tape's, at its first step) takes the next restored entry not yet taken."""
-        if self._pending:
-            exchange.load(self._pending.pop(0), self.reset_on_change)
+        if self.tapes is not None:
+            self.tapes.restored = {place: (entry, self.reset_on_change)
+                                   for place, entry in enumerate(saved["exchanges"]) if place >= len(exchanges)}
 
     def broadcast(self, root_rank: int = 0) -> None:
         """After a restore on ``root_rank`` alone: every rank takes its own entry of what the root
@@ -116,6 +114,4 @@ class ExchangeState(tf.train.experimental.PythonState):
 def TapeState(reset_on_change: bool = False) -> ExchangeState:
     """The :class:`ExchangeState` of this process's :func:`DistributedGradientTape` objects, for a
     ``tf.train.Checkpoint`` (a tape made later, at its first step, takes its restored state then)."""
-    state = ExchangeState(tape_exchanges, reset_on_change)
-    on_new_tape.append(weakref.WeakMethod(state.claim))
-    return state
+    return ExchangeState(gradients.TAPES, reset_on_change, gradients.TAPES)

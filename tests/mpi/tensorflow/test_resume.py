@@ -55,7 +55,7 @@ class Run:
     """A tape training loop as in a new process: model, optimizer, the tapes' state and a checkpoint of all three."""
 
     def __init__(self, case, graph=False):
-        gradients._exchanges.clear()  # a new process has made no tape yet
+        gradients.TAPES.clear()  # a new process has made no tape yet
         self.compression, self.memory = case
         self.model = model()
         self.optimizer = tf.keras.optimizers.SGD(0.2, momentum=0.9)
