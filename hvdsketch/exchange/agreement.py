@@ -87,12 +87,8 @@ def _shown(value: Any) -> str:
 def verify(communicator: Communicator, description: Mapping[str, str], ops: Ops,
            advice: str = "start every rank with the same compression (--compression / HVDSKETCH_COMPRESSION / "
                          "config), memory and model (parameters, their dtypes and requires_grad)") -> int:
-    """The 40-bit digest of ``description``, which every step's tag carries (collective, eager).
-
-    Raises:
-        AgreementError: on every rank, naming the first difference, unless all ranks pass the same
-            ``description`` (its entries in order).
-    """
+    """The 40-bit digest of ``description``, which every step's tag carries (collective, eager); raises
+    :class:`AgreementError` on every rank, naming the first difference, unless all ranks pass the same one."""
     text = "\n".join(f"{key}={value}" for key, value in description.items())
     local = ops.host_constant([digest(text)], "int64")
     (gathered,) = reduce(communicator, [Message(local, "allgather")], "hvdsketch.agreement")

@@ -171,8 +171,7 @@ def resolve(checkpoint: Mapping[str, Any], exchanger: Exchanger, reset_on_change
 
 def broadcast(exchanger: Exchanger, states: Sequence[Mapping[str, Any]] | None, root: int,
               ops: Ops) -> Mapping[str, Any] | None:
-    """This rank's entry of the root's ``states`` (what :func:`resolve` gave the root; other ranks'
-    ``states`` are ignored), or ``None`` where the root has none: collective."""
+    """This rank's entry of the root's ``states`` (:func:`resolve`'s), or ``None`` where it has none: collective."""
     rank = exchanger.communicator.rank
     chosen = _allgather(exchanger, states if rank == root else None, "broadcast", ops)[root]
     return None if chosen is None else chosen[rank]

@@ -20,11 +20,10 @@ from hvdsketch.ops import backend
 class Flight:
     """The exchange of one tensor by ``compressor``; ``memory`` keeps its residual (or ``None``).
 
-    ``round`` is the round to send next and ``index`` its number; :meth:`advance` takes its reduction,
-    until ``done``: then ``result`` is the average (written into ``ctx.out`` when given) and ``state`` the
-    tensor's next state record. ``states``: the table the record comes from where ``ctx.state`` is ``None``
-    and goes back to (traced: held in the table, :mod:`hvdsketch.compress.state`); none: the caller keeps
-    ``state``. ``seconds``: time spent in the compressor and memory, waits for collectives excluded.
+    ``round`` is the round to send next and ``index`` its number; :meth:`advance` takes its reduction, until
+    ``done``: then ``result`` is the average (in ``ctx.out`` when given) and ``state`` the next state record.
+    ``states``: the table the record comes from where ``ctx.state`` is ``None`` and goes back to (traced: held
+    there, :mod:`hvdsketch.compress.state`). ``seconds``: time in the compressor and memory, not in waits.
     """
 
     def __init__(self, compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Memory | None = None,

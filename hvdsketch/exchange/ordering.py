@@ -5,9 +5,8 @@ hooks can fire in different orders on different ranks, so rounds launch in one o
 
     (round 0, t_0), (round 0, t_1), ..., (round 0, t_n), (round 1, t_0), ...
 
-A submitted round launches once every earlier ``(round, tensor)`` has launched or cannot exist (its tensor
-finished). The earliest unlaunched round waits only for its own tensor's previous round, which every rank
-has launched, so the order cannot deadlock.
+A submitted round launches once every earlier ``(round, tensor)`` has launched or cannot exist. The earliest
+unlaunched round waits only for its tensor's previous round, launched on every rank: it cannot deadlock.
 """
 from __future__ import annotations
 

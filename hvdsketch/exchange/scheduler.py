@@ -1,10 +1,8 @@
 """The flights of one step: each round sent as soon as it may go, each reduction handed back as it lands.
 
-:meth:`Scheduler.progress` moves multi-round flights on while backward runs; :meth:`Scheduler.wait_all` waits
-round ``k`` of every flight before round ``k + 1`` of any, so the rounds of many tensors travel together.
-Each round is named ``{prefix}.{tensor}.r{round}`` (the same on every rank, step after step). Where the
-communicator matches collectives by call order (``communicator.ordered``), rounds wait in a
-:class:`~hvdsketch.exchange.ordering.LaunchOrder`.
+Rounds are named ``{prefix}.{tensor}.r{round}`` alike on every rank; :meth:`Scheduler.wait_all` waits round
+``k`` of every flight before round ``k + 1`` of any, so the rounds of many tensors travel together. Under
+``communicator.ordered`` rounds wait in a :class:`~hvdsketch.exchange.ordering.LaunchOrder`.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Say so when a rank waits too long for its collectives, without polling the wait itself.
 
-A watchdog thread prints what the exchanger waits for every ``seconds`` while a wait lasts, and ends this
-process once it lasts ``limit`` seconds (Horovod's ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``,
-:func:`shutdown_seconds`): the main thread is blocked in C++, where no exception reaches it.
+A thread prints what the exchanger waits for every ``seconds`` while a wait lasts, and ends the process once
+it lasts ``limit`` (:func:`shutdown_seconds`): the main thread is blocked in C++, where no exception reaches.
 """
 from __future__ import annotations
 
@@ -14,14 +13,12 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 
-#: Horovod's settings: seconds after which a stalled job is shut down (unset or 0: never), and after
-#: which Horovod reports a stall (default 60).
+#: Horovod's settings: seconds until a stalled job is shut down (unset or 0: never), and until a stall is reported.
 SHUTDOWN, CHECK = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS"
 
 
 def report_seconds() -> float:
-    """How long a wait lasts before it is reported: ``HVDSKETCH_STALL_SECONDS``, else Horovod's own
-    ``HOROVOD_STALL_CHECK_TIME_SECONDS``, else Horovod's default of 60."""
+    """Seconds a wait lasts before it is reported: ``HVDSKETCH_STALL_SECONDS``, else :data:`CHECK`'s, else 60."""
     return float(os.environ.get("HVDSKETCH_STALL_SECONDS") or os.environ.get(CHECK) or 60)
 
 
