@@ -1,8 +1,6 @@
 """Numbers that every rank derives alike from text (Python's ``hash`` is salted per process).
 
-:func:`digest` names and checks things (setups, tensors, collectives); :func:`crc`
-is the 32-bit word of a name or label that seeds draw from (a tensor's hash
-seeds, the memory warm-up's sample, the validation split).
+:func:`digest` names and checks things (setups, tensors, collectives); :func:`crc` is a 32-bit word for seeds.
 """
 from __future__ import annotations
 

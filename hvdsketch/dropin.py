@@ -1,37 +1,21 @@
 """Any one-message compressor as a Horovod ``Compressor`` (``compress``/``decompress``).
 
-Horovod's optimizers call ``compress(tensor) -> (tensor, ctx)``, average the
-returned tensor across ranks, then call ``decompress(tensor, ctx)``. This
-class runs a compressor's exchange inside that contract, so it can be passed
-as ``compression=`` to ``hvd.DistributedOptimizer`` or
-``hvd.DistributedGradientTape`` unchanged. Around the compressor it adds:
+:class:`DropInCompression` runs a compressor's exchange inside Horovod's contract (``compress``, average,
+``decompress``), so it can be passed as ``compression=`` to ``hvd.DistributedOptimizer`` or
+``hvd.DistributedGradientTape``. Around the compressor it adds:
 
-* pass-through for integer and empty tensors (nothing to compress);
-* a check after the reduction, on every rank alike, whether the result is
-  finite: one rank's NaN or Inf reaches every rank's sum, and is handed back as
-  Horovod's own compressions hand it back, for a loss scaler to skip the step,
-  the tensor's state left as it was before (warned once);
-* small tags ``t_i, t_i^2`` appended to 32/64-bit payloads, three 7-bit
-  ``t_i`` from a digest of the tensor's shape and the compressor's spec (21
-  bits: distinct shapes of one size collide once in two million). If all ranks
-  agree, the averages are ``t_i`` and ``t_i^2``; otherwise some ``t_i`` has a
-  non-zero variance over the ranks, which no rank's ``(t_i, t_i^2)`` hides, and
-  every rank raises, instead of Horovod silently averaging unlike tensors
-  (sums of up to 1024 ranks' squares stay exact in float32);
+* pass-through for integer and empty tensors;
+* a check, alike on every rank, that the average is finite: one that is not is handed back as Horovod
+  hands it back, for a loss scaler to skip, the tensor's state left as before (warned once);
+* tags ``t_i, t_i^2`` appended to 32/64-bit payloads (three 7-bit ``t_i`` from a digest of the shape and
+  the spec): their averages are ``t_i`` and ``t_i^2`` only if all ranks agree, else every rank raises;
 * bfloat16 tensors, which Horovod cannot reduce, carried as float32;
-* a count of payload bytes sent against the dense bytes, :meth:`report`.
+* a count of payload bytes sent against the dense bytes, :meth:`DropInCompression.report`.
 
-Horovod's drop-in path shows neither the tensor's name nor the step; the
-object infers both, alike on every rank. A step is a run of ``compress`` calls
-(Horovod compresses every gradient of a step before it decompresses any), so a
-``compress`` after a ``decompress`` starts the next; within a step the ``k``-th
-tensor of a shape is ``shape(...)#k`` (ranks produce their gradients of one shape
-in one order). Steps and tensor states belong to the object (its :class:`Session`),
-the one Horovod's optimizer or tape holds: PyTorch's namespace makes a new one at
-each use, TensorFlow's one per flag (:attr:`CompressionNamespace.one_per_flag`).
-Inside ``tf.function`` a trace is no step: the traced graph keeps the plan and the
-step-0 hashes of its tracing, so a rank that traces again alone builds the graph
-the other ranks run, and tapes given one object each build the graph they would alone.
+Horovod's path shows neither the tensor's name nor the step, so the object (its :class:`Session`) infers
+both alike on every rank: a ``compress`` after a ``decompress`` starts a step, and within a step the
+``k``-th tensor of a shape is ``shape(...)#k``. Inside ``tf.function`` a trace is no step: the graph keeps
+its tracing's step-0 hashes, so a rank that traces again alone builds the graph the others run.
 """
 from __future__ import annotations
 
@@ -49,14 +33,12 @@ from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, NonfiniteStep, nonf
 from hvdsketch.ops import backend
 
 _TAGGED = ("float32", "float64")
-#: A rank's mismatch moves a tag's average by at least 1 / (N t) >= 1 / (1024 * 127) of it; rounding
-#: of the average stays below 1e-6 of it.
+#: A rank's mismatch moves a tag's average by >= 1 / (N t) >= 1 / (1024 * 127) of it; rounding, below 1e-6.
 _TAG_RTOL = 1e-6
 
 
 def _tags(shape: tuple[int, ...], compressor: str) -> list[float]:
-    """``t_1, t_1^2, t_2, t_2^2, t_3, t_3^2`` of three 7-bit tags (1..128) from a digest of the
-    shape and the compressor's flag."""
+    """``t_1, t_1^2, t_2, t_2^2, t_3, t_3^2`` of three 7-bit tags (1..128) from a digest of shape and flag."""
     bits = digest(f"{shape}|{compressor}", bits=21)
     tags = [(bits >> (7 * i)) % 128 + 1 for i in range(3)]
     return [float(v) for t in tags for v in (t, t * t)]
@@ -64,8 +46,7 @@ def _tags(shape: tuple[int, ...], compressor: str) -> list[float]:
 
 def one_message(flag: "Compressor | str", own: str = "hvdsketch's DistributedOptimizer / DistributedGradientTape"
                 ) -> Compressor:
-    """The compressor ``flag`` names in its one-message form, or a clear error naming ``own``, what runs
-    it instead."""
+    """The compressor ``flag`` names in its one-message form, or an error naming ``own``, what runs it instead."""
     if isinstance(flag, str) and _spec.Spec.parse(flag).name == "auto":
         raise _spec.SpecError(f"hvdsketch: auto chooses a compressor per tensor and step, which Horovod's "
                               f"compression= cannot carry; use it with {own} (compression='auto')")
@@ -132,9 +113,8 @@ class DropInCompression:
         return self.compressor
 
     def decompress(self, tensor: Any, state: Any) -> Any:
-        """The averaged gradient, after checking (one host sync per tensor: Horovod's path has no
-        step boundary to check all tensors at once) that the tags agreed, and whether it is finite:
-        one that is not is handed back as it is, its state left as before (eager)."""
+        """The averaged gradient, once the tags agreed (else an error on every rank); one not finite is handed back
+        as it is, its state left as before (eager)."""
         self.session.decompressed = True  # passed through (or Horovod's sparse allreduce) too
         if state is None:
             return tensor
@@ -213,14 +193,8 @@ class PresetCompression(DropInCompression):
 
 
 class _Preset:
-    """A compressor's name as an attribute of a ``Compression`` namespace (``Compression.fp16``).
-
-    Reading it gives the namespace's drop-in compression of that compressor with its drop-in
-    defaults (:meth:`CompressionNamespace.from_spec`); calling that with options gives the one of
-    those options (``Compression.sketch(error=0.5)``). A compressor that needs more than Horovod's
-    one averaged allreduce raises ``ValueError`` on reading, naming hvdsketch's own optimizer or
-    tape, which runs it.
-    """
+    """A compressor's name as an attribute of a ``Compression`` namespace (``Compression.fp16``): reading it
+    gives :meth:`CompressionNamespace.with_options`'s compression, or raises its ``ValueError``."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -232,35 +206,26 @@ class _Preset:
 class CompressionNamespace:
     """Horovod's ``Compression`` namespace with every hvdsketch compressor by name.
 
-    ``Compression.none`` and ``Compression.fp16`` as in Horovod; ``Compression.randomk``,
-    ``Compression.sketch`` and every other drop-in compressor the same way, called with options
-    for other settings (``Compression.sketch(error=0.5, rows=3)``, ``Compression.fp16(dtype="bfloat16")``),
-    or by flag with :meth:`from_spec`. Horovod's path has room for one allreduce only, so a
-    compressor goes in its one-message form there (the sketch's bitmap rides in the averaged
-    message, :meth:`~hvdsketch.compress.Compressor.one_message`). The other compressors
-    (``Compression.topk``, ``Compression.powersgd``, ...) raise a ``ValueError`` naming :attr:`own`,
-    hvdsketch's optimizer or tape that runs them.
-
-    A compression's inferred steps, tensor states and byte counts are its own; :attr:`one_per_flag`
-    says whether each use makes a new one or a flag always gives the same.
+    ``Compression.none``, ``Compression.fp16``, ``Compression.sketch`` and every other drop-in compressor,
+    called with options for other settings (``Compression.sketch(error=0.5, rows=3)``), or by flag with
+    :meth:`from_spec`, each in its one-message form (:meth:`~hvdsketch.compress.Compressor.one_message`).
+    The others (``Compression.topk``, ...) raise a ``ValueError`` naming :attr:`own`. A compression's inferred
+    steps, tensor states and byte counts are its own (:attr:`one_per_flag`).
     """
 
     #: The drop-in compression class of the framework.
     drop_in: type[PresetCompression] = PresetCompression
     #: What runs the compressors Horovod's ``compression=`` cannot, for the error message.
     own: str = "hvdsketch's DistributedOptimizer / DistributedGradientTape"
-    #: Whether a flag gives one object, the same at every use (``Compression.fp16 is
-    #: Compression.fp16``), or each use a new one.
+    #: Whether a flag gives one object at every use (``Compression.fp16 is Compression.fp16``), or each use a new one.
     one_per_flag: bool = False
     _made: dict[tuple[type, str], PresetCompression] = {}  # (namespace, flag) -> its one compression
 
     @classmethod
     def from_spec(cls, flag: "str | Compressor") -> PresetCompression:
-        """The drop-in compression of ``flag``, e.g. ``"sketch:error=0.5"``: a new one, or where
-        :attr:`one_per_flag`, the namespace's one of that flag.
-
-        Raises :class:`~hvdsketch.spec.SpecError` or ``ValueError`` for a flag that is not valid or
-        that Horovod's ``compression=`` cannot carry, naming :attr:`own`."""
+        """The drop-in compression of ``flag``, e.g. ``"sketch:error=0.5"``: a new one, or where :attr:`one_per_flag`,
+        the namespace's one of that flag. Raises :class:`~hvdsketch.spec.SpecError` or ``ValueError`` for a flag
+        that is not valid or that Horovod's ``compression=`` cannot carry, naming :attr:`own`."""
         compressor = one_message(flag, cls.own)
         key = (cls, str(compressor))
         if cls.one_per_flag and key in cls._made:
@@ -273,8 +238,7 @@ class CompressionNamespace:
 
     @classmethod
     def with_options(cls, name: str, **options: Any) -> PresetCompression:
-        """The drop-in compression of compressor ``name`` with ``options`` (validated), as
-        :meth:`from_spec` gives it."""
+        """Compressor ``name``'s drop-in compression with ``options`` (validated), as :meth:`from_spec` gives it."""
         return cls.from_spec(create(name, **options))
 
 

@@ -1,28 +1,10 @@
-"""Ranks must run the same setup at the same step; this checks they do, and fails alike on every rank.
+"""Checks that all ranks run the same setup at the same step, failing alike on every rank.
 
-Two checks. At start, one allgather of a digest of the setup (compressor or
-policy, residual memory, every tensor's name, shape, dtype and whether this rank
-exchanges it: :func:`tensors`): every rank sees every digest, so every rank
-reaches the same verdict and none hangs. Only where the digests differ do the
-ranks allgather their descriptions themselves (:func:`allgather_objects`), so
-every rank names the same first difference with each side's value
-(:func:`difference`: "tensor 'fc.weight' is float32 (16, 8) on rank 0 but
-float16 (16, 8) on rank 1"). ``hvdsketch train`` compares its resolved config
-with :func:`difference` too. Every step, a
-tiny ``max`` allreduce of ``(step, -step, setup, -setup, activity, -activity)``
-rides beside the gradients' collectives (:func:`step_message`) and is checked
-before any gradient is waited for (ranks running different setups start
-different collectives): its maxima equal the minima only if every rank is at the
-same step with the same setup, doing the same thing, so a rank resumed at
-another step (a checkpoint loaded on one rank only) or switched to another setup
-is named on every rank before any gradient is used.
-
-The activity says what a rank sends the tag for: a training step
-(:data:`TRAIN`) or gathering a checkpoint (:data:`CHECKPOINT`, which every rank
-must do together). Both travel under the same collective name, so a rank that
-calls ``optimizer.state_dict()`` alone meets the other ranks' next training
-step instead of waiting forever for a gather they never start: both sides see
-the mismatch in the reduced tag and raise (:func:`step_error`).
+At start, :func:`verify` allgathers a digest of the setup (compression, memory, :func:`tensors`) and, only
+where digests differ, the descriptions themselves, so every rank names the same :func:`difference`. Every
+step, a tiny ``max`` allreduce of :func:`step_message` rides beside the gradients and is checked before any
+gradient is used; its activity (:data:`TRAIN` or :data:`CHECKPOINT`) makes a rank gathering a checkpoint
+alone meet the others' training step and raise (:func:`step_error`) instead of hanging.
 """
 from __future__ import annotations
 
@@ -38,8 +20,7 @@ from hvdsketch.ops.contract import Ops
 
 
 class AgreementError(RuntimeError):
-    """Ranks run with different compression setups, models (tensors' names, shapes, dtypes, which
-    take part) or steps."""
+    """Ranks run different compression setups, models (tensors' names, shapes, dtypes, which take part) or steps."""
 
 
 class Tensor(NamedTuple):
@@ -74,9 +55,8 @@ def shares(ops: Ops, sizes: Any, data: Any) -> list[bytes]:
 
 
 def allgather_objects(communicator: Communicator, obj: Any, name: str, ops: Ops) -> list[Any]:
-    """Every rank's ``obj`` (picklable), in rank order: one round of two allgathers (sizes, bytes) of
-    host tensors of the ``ops`` back-end, on a side channel of ``communicator`` (control, counted
-    apart from gradient bytes)."""
+    """Every rank's picklable ``obj``, in rank order, allgathered on a side channel of ``communicator``
+    (counted apart from gradient bytes)."""
     gathered = reduce(side_channel(communicator), share(ops, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),
                       name)
     return [pickle.loads(blob) for blob in shares(ops, *gathered)]
@@ -87,8 +67,7 @@ _ABSENT = object()
 
 
 def difference(everyone: Sequence[Mapping[str, Any]]) -> str | None:
-    """The first difference between rank 0's description and another rank's (``None``: all the
-    same), named by its key with both values; every rank that has every description names the same."""
+    """The first difference between rank 0's description and another rank's, with both values; ``None`` if none."""
     first = everyone[0]
     for rank, theirs in enumerate(everyone[1:], 1):
         if dict(theirs) == dict(first):
@@ -108,12 +87,8 @@ def _shown(value: Any) -> str:
 def verify(communicator: Communicator, description: Mapping[str, str], ops: Ops,
            advice: str = "start every rank with the same compression (--compression / HVDSKETCH_COMPRESSION / "
                          "config), memory and model (parameters, their dtypes and requires_grad)") -> int:
-    """Fail alike on every rank unless all ranks pass the same ``description`` (its entries in order);
-    the 40-bit digest of it, which every step's tag carries, where they do.
-
-    One allgather of a digest (host memory: control, not gradient data); where the digests differ,
-    one more of the descriptions, so the :class:`AgreementError` every rank raises names what differs.
-    Eager: TensorFlow's adapters call it in ``tf.init_scope``."""
+    """The 40-bit digest of ``description``, which every step's tag carries (collective, eager); raises
+    :class:`AgreementError` on every rank, naming the first difference, unless all ranks pass the same one."""
     text = "\n".join(f"{key}={value}" for key, value in description.items())
     local = ops.host_constant([digest(text)], "int64")
     (gathered,) = reduce(communicator, [Message(local, "allgather")], "hvdsketch.agreement")
@@ -140,8 +115,8 @@ SAVE = ("optimizer.state_dict() gathers every rank's state (residuals, compresso
 
 
 def step_message(ops: Ops, step: int, setup: int, activity: int = TRAIN) -> Message:
-    """This step's tag: ``max`` over ranks of ``(step, -step, setup, -setup, activity, -activity)``, in
-    host memory (control, not gradient data: checking it must not wait for an accelerator)."""
+    """This step's tag, reduced by ``max``: ``(step, -step, setup, -setup, activity, -activity)`` in host memory
+    (checking it must not wait for an accelerator)."""
     return Message(ops.host_constant([step, -step, setup, -setup, activity, -activity], "int64"), "max")
 
 
@@ -151,9 +126,8 @@ def step_agrees(ops: Ops, reduced: Any) -> Any:
 
 
 def step_error(step: int, rank: int, reduced: Sequence[int] | None = None) -> AgreementError:
-    """The error every rank raises when the tag disagrees; ``reduced`` (the tag as integers, where
-    it can be read) tells what differs: the activity (a rank gathering a checkpoint alone), the
-    step (a checkpoint loaded on some ranks only) or the setup."""
+    """The error every rank raises when the tag disagrees; ``reduced`` (the tag as integers, if readable) names
+    what differs: the activity, the step or the setup."""
     if reduced is not None and reduced[4] != -reduced[5]:
         return AgreementError(f"hvdsketch: some ranks gather a checkpoint while others train (rank {rank} is at "
                               f"step {step}); {SAVE}")

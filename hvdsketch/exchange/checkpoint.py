@@ -1,23 +1,15 @@
 """Checkpoints of every rank's state in one file, and what becomes of that state when the world changes.
 
-Error-feedback residuals and some compressors' state (DGC's velocity, PowerSGD's
-residuals) differ on every rank, while Horovod users save on rank 0 only and, on
-resume, load that one file on every rank (or load it on rank 0 and broadcast).
-So a checkpoint carries every rank's :meth:`Exchanger.state_dict
-<hvdsketch.exchange.Exchanger.state_dict>`::
+Residuals and some compressors' state differ on every rank, while Horovod users save on rank 0 only,
+so a checkpoint carries every rank's :meth:`Exchanger.state_dict <hvdsketch.exchange.Exchanger.state_dict>`::
 
     {"format": 3, "world": N, "compression": "topk:ratio=0.05", "memory": "fp32",
      "ranks": [state of rank 0, ..., state of rank N - 1], "checksum": "<sha256 of the rest>"}
 
-and each rank resumes from its own entry. An entry that is damaged, of another
-format, or made with another number of ranks or compression setup is a clear
-error on every rank that loads it, unless the caller opts in to starting the
-per-rank state afresh (``reset_on_change``, warned on rank 0: :class:`StateReset`).
-The functions are written against the exchanger's communicator (an allgather of
-pickled bytes, counted apart from gradient bytes), so every framework's adapter
-uses them alike: :func:`gather` and :func:`alone` save, :func:`resolve` and
-:func:`broadcast` load, and :func:`begin` / :func:`join` agree where a world
-begins (the first step; Horovod elastic's sync after workers were added or removed).
+and each rank resumes from its own entry. A damaged entry or one of another format is an error; one of
+another world size or setup too, unless the caller opts in to starting the per-rank state afresh
+(``reset_on_change``, :class:`StateReset`). :func:`gather` and :func:`alone` save, :func:`resolve` and
+:func:`broadcast` load, :func:`begin` / :func:`join` agree where a world begins.
 """
 from __future__ import annotations
 
@@ -34,7 +26,7 @@ from hvdsketch.exchange import agreement
 from hvdsketch.exchange.exchanger import Exchanger
 from hvdsketch.ops.contract import Ops
 
-#: The version of the checkpoint layout above (2: with a checksum).
+#: The version of the checkpoint layout above.
 FORMAT = 3
 #: How to save every rank's state where the save itself is not collective.
 ALONE = "call gather() on every rank, between steps, before rank 0 saves, to resume every rank exactly"
@@ -61,11 +53,9 @@ def _sealed(exchanger: Exchanger, ranks: list[Any] | None, **extra: Any) -> dict
 
 
 def gather(exchanger: Exchanger, ops: Ops) -> dict[str, Any]:
-    """The checkpoint of every rank's state, where every rank calls it between steps: sent with the
-    step tag in one round (:meth:`Exchanger.check_in <hvdsketch.exchange.Exchanger.check_in>`). Where
-    only this rank does (Horovod's habit: ``state_dict()`` inside ``if hvd.rank() == 0:``), it waits
-    for no one: the others' next step answers it at once, and whatever else they do (a barrier, an
-    allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS`` seconds (default 10), warns and gives :func:`alone`'s."""
+    """The checkpoint of every rank's state, where every rank calls it between steps
+    (:meth:`Exchanger.check_in <hvdsketch.exchange.Exchanger.check_in>`). Called on this rank alone, it warns
+    and gives :func:`alone`'s once the others step on or ``HVDSKETCH_CHECKIN_SECONDS`` pass (default 10)."""
     mine = pickle.dumps(exchanger.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
     try:
         shares = exchanger.check_in(agreement.CHECKPOINT, mine, ops)
@@ -85,15 +75,13 @@ def gather(exchanger: Exchanger, ops: Ops) -> dict[str, Any]:
 
 
 def alone(exchanger: Exchanger) -> dict[str, Any]:
-    """The checkpoint of this rank alone, where a save cannot be collective (TensorFlow's
-    ``checkpoint.save`` on rank 0 alone, which serializes as it saves): this rank's step, policy
-    decisions and memory plan, with ``"ranks": None``; no rank's residuals, and no communication."""
+    """The checkpoint of this rank alone, where a save cannot be collective: its step, policy decisions and
+    memory plan, with ``"ranks": None`` and no residuals; no communication."""
     return _sealed(exchanger, None, alone=afresh(exchanger.state_dict(residuals=False), keep_setup=True))
 
 
 def checksum(entry: Mapping[str, Any]) -> str:
-    """A SHA-256 of ``entry``'s contents (its ``"checksum"`` left out): keys, values, arrays' dtypes,
-    shapes and bytes, walked in order, so it does not depend on how the entry was pickled."""
+    """A SHA-256 of ``entry``'s contents but its ``"checksum"``, walked in order (independent of pickling)."""
     digest = hashlib.sha256()
 
     def walk(value: Any) -> None:
@@ -135,8 +123,8 @@ def _checked(entry: Any) -> Mapping[str, Any]:
 
 
 def afresh(source: Mapping[str, Any], keep_setup: bool) -> dict[str, Any]:
-    """A rank's state with ``source``'s step, and no residuals nor compressors' state; with
-    ``keep_setup``, ``source``'s policy decisions and memory plans too (else this run's stay)."""
+    """A rank's state with ``source``'s step and no residuals nor compressors' state; with ``keep_setup``,
+    ``source``'s policy decisions and memory plans too."""
     def plan(memory: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None if memory is None or not keep_setup else {**memory, "slots": {}}  # its plan, no residuals
 
@@ -151,11 +139,11 @@ def _warn(exchanger: Exchanger, message: str) -> None:
 
 
 def resolve(checkpoint: Mapping[str, Any], exchanger: Exchanger, reset_on_change: bool = False) -> list[dict[str, Any]]:
-    """The per-rank states of ``checkpoint`` for this world (one per rank). Another number of ranks
-    or another compression setup cannot resume them exactly: a ``ValueError`` unless
-    ``reset_on_change``, which starts every rank's residuals and compressors' state afresh, keeps the
-    step (and, for another number of ranks only, rank 0's policy decisions and memory plan) and warns
-    on rank 0, as it does for a checkpoint :func:`alone`, in a world of any size."""
+    """The per-rank states of ``checkpoint`` for this world (one per rank).
+
+    Raises ``ValueError`` for a damaged entry, another format, or another number of ranks or compression setup
+    unless ``reset_on_change``, which starts every rank's per-rank state afresh, keeps the step (and, for another
+    world size only, rank 0's policy decisions and memory plan) and warns on rank 0, as for :func:`alone`'s."""
     checkpoint = _checked(checkpoint)
     size = exchanger.communicator.size
     compression, memory = _setup(exchanger)
@@ -183,8 +171,7 @@ def resolve(checkpoint: Mapping[str, Any], exchanger: Exchanger, reset_on_change
 
 def broadcast(exchanger: Exchanger, states: Sequence[Mapping[str, Any]] | None, root: int,
               ops: Ops) -> Mapping[str, Any] | None:
-    """This rank's entry of the root's ``states`` (what :func:`resolve` gave the root; other ranks'
-    ``states`` are ignored), or ``None`` where the root has none: collective."""
+    """This rank's entry of the root's ``states`` (:func:`resolve`'s), or ``None`` where it has none: collective."""
     rank = exchanger.communicator.rank
     chosen = _allgather(exchanger, states if rank == root else None, "broadcast", ops)[root]
     return None if chosen is None else chosen[rank]
@@ -197,11 +184,9 @@ def in_elastic_job() -> bool:
 
 def begin(exchanger: Exchanger, tensors: Callable[[], Sequence[agreement.Tensor]], ops: Ops,
           rejoin: bool = False, scope: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
-    """:func:`join` where a world begins: the exchanger's first step, its first in a world of
-    another size, or where the adapter says so (``rejoin``: Horovod elastic's sync). ``tensors()``
-    (the adapter's tensors as the ranks compare them) is asked for, and ``scope()`` (TensorFlow's eager
-    ``tf.init_scope``) entered, only then. Ranks that disagree reset alike where a world changes
-    under Horovod elastic (an exchanger that has run, a sync, a worker of an elastic job), else raise."""
+    """:func:`join` where a world begins: the first step, the first in a world of another size, or ``rejoin``
+    (Horovod elastic's sync). Only then is ``tensors()`` called and ``scope()`` (``tf.init_scope``) entered.
+    Under Horovod elastic (a sync, an exchanger that has run, an elastic worker) ranks that disagree reset alike."""
     if rejoin or not exchanger.verified or exchanger.world != exchanger.communicator.size:
         with scope():
             join(exchanger, tensors(), ops, elastic=rejoin or exchanger.verified or in_elastic_job())
@@ -209,13 +194,11 @@ def begin(exchanger: Exchanger, tensors: Callable[[], Sequence[agreement.Tensor]
 
 def join(exchanger: Exchanger, tensors: Sequence[agreement.Tensor], ops: Ops,
          elastic: bool = False) -> None:
-    """Begin a world (collective): every rank runs the same setup (:meth:`Exchanger.verify
-    <hvdsketch.exchange.Exchanger.verify>`) and is at the same step with state made in a world of
-    this size, or, outside elastic, an :class:`~hvdsketch.exchange.agreement.AgreementError` (a
-    checkpoint loaded on some ranks only). In elastic (``elastic``) the world did change: every rank
-    drops its residuals and compressors' state alike, takes the step, the policy's decisions and the
-    memory plan of the lowest rank that has any, and rank 0 warns. A world of the same size whose
-    ranks all restored the same commit keeps its state."""
+    """Begin a world (collective): check every rank runs the same setup (:meth:`Exchanger.verify
+    <hvdsketch.exchange.Exchanger.verify>`) at the same step, with state of a world of this size. Where not,
+    with ``elastic`` every rank drops its residuals and compressors' state and takes the step, policy decisions
+    and memory plan of the lowest rank that has any (rank 0 warns); without, it raises
+    :class:`~hvdsketch.exchange.agreement.AgreementError`."""
     exchanger.verify(tensors, ops)
     size = exchanger.communicator.size
     mine = exchanger.state_dict(residuals=False)

@@ -1,10 +1,7 @@
 """What a rank can say when an averaged gradient is not finite, and which dtypes need carrying.
 
-One rank's NaN or Inf reaches every rank's average, so every rank sees it alike
-(and hands it back for a loss scaler, or raises); what each can add is whether
-its own gradient was finite. If it was and the wire
-carried a 16-bit dtype, the likeliest cause is overflow on the wire (a finite
-1e5 is Inf in float16), which the message names, with the fix.
+One rank's NaN or Inf reaches every rank's average; each rank adds whether its own gradient was finite,
+and, where it was and the wire carried a 16-bit dtype, names overflow on the wire and its fix.
 """
 from __future__ import annotations
 
@@ -21,9 +18,8 @@ NARROW = {"float16": 65504.0}
 
 def nonfinite_message(name: str, where: str, finite_here: bool | None, narrow: str | None = None,
                       compressor: str | None = None) -> str:
-    """Why gradient ``name``'s average is NaN or Inf, as far as ``where`` (``"rank 3"``) can tell:
-    its own input was not finite; or it was, and the wire's ``narrow`` dtype (sent by ``compressor``)
-    overflowed or another rank's was not (``finite_here`` None: unknown, inside ``tf.function``)."""
+    """Why gradient ``name``'s average is NaN or Inf, as far as ``where`` (``"rank 3"``) can tell from
+    ``finite_here`` (``None``: unknown) and the wire's ``narrow`` dtype, sent by ``compressor``."""
     if finite_here is False:
         return f"hvdsketch: gradient {name} is NaN or Inf on {where} (and so in every rank's average)"
     if narrow is None:

@@ -1,12 +1,8 @@
 """One tensor's exchange, driven round by round; error feedback happens here and nowhere else.
 
-A :class:`Flight` lets the compressor prepare the gradient, adds the residual the memory holds
-(``g + e``) and steps the compressor's round generator: each :class:`~hvdsketch.compress.Round` of
-messages goes out and its reduction comes back in. Once the round that settles what this rank sends
-has started, the memory keeps what its messages leave out (``e = g + e - C(g + e)``). When the
-exchange ends, the tensor's next state record goes back to the driver's
-:class:`~hvdsketch.compress.state.StateTable`. The cost model, which keeps no residual, times
-compressors with :func:`hvdsketch.compress.local.run_alone` instead.
+A :class:`Flight` adds the memory's residual to the prepared gradient (``g + e``), steps the compressor's
+rounds (:class:`~hvdsketch.compress.Round`) and, once the round that settles what this rank sends has
+started, keeps what its messages leave out (``e = g + e - C(g + e)``).
 """
 from __future__ import annotations
 
@@ -24,16 +20,10 @@ from hvdsketch.ops import backend
 class Flight:
     """The exchange of one tensor by ``compressor``; ``memory`` keeps its residual (or ``None``).
 
-    ``round`` is the round to send next and ``index`` its number; :meth:`advance` takes that
-    round's reduction and moves to the next, until ``done``, when ``result`` holds the averaged
-    tensor (written into ``ctx.out`` when given) and ``state`` the tensor's next state record
-    (``ctx.state`` is the one it starts from: the compressor's initial record where it is ``None``).
-    ``states``: the table the tensor's record comes from where ``ctx`` gives none, and goes back to
-    when the exchange ends; none: the caller keeps ``state`` or drops it. Where ``tensor`` is being
-    traced into a graph (a trace is no step), the record's arrays are held in the table, in memory
-    the graph reads and writes at each of its runs (:mod:`hvdsketch.compress.state`).
-    ``seconds`` adds up the time spent in the compressor and the memory (the codec), the waiting
-    for collectives excluded.
+    ``round`` is the round to send next and ``index`` its number; :meth:`advance` takes its reduction, until
+    ``done``: then ``result`` is the average (in ``ctx.out`` when given) and ``state`` the next state record.
+    ``states``: the table the record comes from where ``ctx.state`` is ``None`` and goes back to (traced: held
+    there, :mod:`hvdsketch.compress.state`). ``seconds``: time in the compressor and memory, not in waits.
     """
 
     def __init__(self, compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Memory | None = None,
@@ -90,15 +80,13 @@ class Flight:
         return self.done
 
     def rewind(self) -> None:
-        """Put back in the table the record this exchange started from, as if it had not run (an
-        eager step whose average a loss scaler will skip)."""
+        """Put back the record this exchange started from, as if it had not run (an eager step to skip)."""
         if self._states is not None and not self._traced:
             self._states.put(self.ctx.name, self.compressor, self._started_from)
 
 
 def _written(result: Any, out: Any) -> Any:
-    """The dense ``result`` in ``out`` when one is given (a copy only where the compressor did not
-    write it there itself); a row-sparse result as it is."""
+    """The dense ``result`` in ``out`` when one is given; a row-sparse result as it is."""
     if out is None or isinstance(result, RowSparse):
         return result
     return backend(result).into(out, result)
@@ -106,10 +94,8 @@ def _written(result: Any, out: Any) -> Any:
 
 def run_local(compressor: Compressor, tensor: Any, ctx: TensorContext, memory: Memory | None = None,
               states: StateTable | None = None) -> tuple[Any, list[list[Message]]]:
-    """The whole exchange over this rank alone (each round's reduction over one rank is its own
-    messages): the result and every round's messages. For measuring codecs and warming up memory.
-    ``states``: the table the tensor's state comes from and goes back to (none: the initial state,
-    dropped after)."""
+    """The whole exchange over this rank alone: the result and every round's messages. ``states``: the table
+    the tensor's state comes from and goes back to (none: the initial state, dropped after)."""
     flight = Flight(compressor, tensor, ctx, memory, states)
     rounds = []
     while not flight.done:

@@ -1,25 +1,12 @@
 """Launching rounds in one order on every rank, for communicators that match collectives by order.
 
-Horovod matches collectives by name, so each rank may start its tensors when
-their gradients are ready, in whatever order backward produces them. MPI
-matches them by the order of calls (:class:`~hvdsketch.collectives.mpi.MPICommunicator`),
-and gradient hooks can fire in different orders on different ranks (a
-parameter without a gradient on one rank is started only in ``synchronize()``).
-So for such a communicator the exchanger launches rounds in a canonical order
-that every rank shares: round by round, and within a round tensor by tensor in
-the order of :class:`LaunchOrder`'s names::
+MPI (:class:`~hvdsketch.collectives.mpi.MPICommunicator`) matches collectives by call order, and gradient
+hooks can fire in different orders on different ranks, so rounds launch in one order (:class:`LaunchOrder`)::
 
     (round 0, t_0), (round 0, t_1), ..., (round 0, t_n), (round 1, t_0), ...
 
-A round that is ready is *submitted*; it is launched once every earlier
-``(round, tensor)`` of that order has been launched or is known not to exist
-(the tensor finished in fewer rounds). Every rank launches the same sequence,
-and the earliest round not yet launched only waits for its own tensor's
-previous round, which every rank has launched: no rank waits for a collective
-another rank has not reached, so the rule cannot deadlock. First rounds stream
-out as gradients become ready, in the canonical order; an adapter that knows
-the usual order of its gradients (backward: last layer first) gives that order
-so the queue rarely holds one back.
+A submitted round launches once every earlier ``(round, tensor)`` has launched or cannot exist. The earliest
+unlaunched round waits only for its tensor's previous round, launched on every rank: it cannot deadlock.
 """
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
 """The step protocol: every rank at the same step with the same setup, checked with one small collective.
 
-At a step's first gradient every rank sends a *tag*
-(:func:`~hvdsketch.exchange.agreement.step_message`: the step, the setup's digest, the
-activity) through the same communicator as the gradients, and the step's results are
-handed back only once the tags agree, so ranks that run other setups or stand at other
-steps raise alike instead of averaging unlike tensors. A tag that has landed already
-(TensorFlow's eager collectives block) is checked before any round goes out.
-
-Between steps a rank may *check in* (:meth:`StepProtocol.check_in`: ``state_dict()``
-called on rank 0 alone, Horovod's checkpoint habit): its share travels with a tag of
-another activity. Where the others train on, their next tag meets it, and they answer
-with an empty share (:meth:`StepProtocol.settled`) so the rank that checked in goes on
-at once; where they do something else, it gives up after ``checkin_seconds`` and its
-next step first waits for the answer that comes with the others' next step.
+At a step's first gradient every rank sends a tag (:func:`~hvdsketch.exchange.agreement.step_message`)
+through the gradients' communicator; results are handed back only once the tags agree. Between steps a
+rank may check in alone (:meth:`StepProtocol.check_in`); the others answer with their next tag.
 """
 from __future__ import annotations
 
@@ -31,8 +21,7 @@ Wait = Callable[[Handle, str], list]
 
 class StepProtocol:
     """The tags and check-ins of one exchanger over ``communicator``, each collective named ``name``;
-    ``wait`` blocks on one. Where the communicator matches collectives by call order
-    (``communicator.ordered``: MPI) a check-in cannot be answered out of turn."""
+    ``wait`` blocks on one. Under ``communicator.ordered`` (MPI) a check-in cannot be answered out of turn."""
 
     def __init__(self, communicator: Communicator, wait: Wait, name: str, checkin_seconds: float) -> None:
         self.communicator, self._wait, self.name = communicator, wait, name
@@ -49,8 +38,7 @@ class StepProtocol:
         return self._tag is not None
 
     def begin(self, ops: Ops, step: int) -> None:
-        """A step's first gradient: answer this rank's pending check-in first, send the tag, and check
-        it now if it has landed already."""
+        """A step's first gradient: collect a pending check-in's answer, send the tag, check it if landed."""
         if self._checkin is not None:  # answered by the others' tags of this step (or their check-ins)
             checkin, self._checkin = self._checkin, None
             self._wait(checkin, "the other ranks' answer to this rank's check-in")
@@ -68,12 +56,9 @@ class StepProtocol:
             tag = None if self.settled(reduced, step) else self._send_tag(backend(reduced), step)
 
     def settled(self, tag: Any, step: int) -> bool:
-        """Whether every rank sent this step's tag alike; else the same error on every rank (the tag
-        is a host tensor: checking it waits for no device). Where only the activity differs, another
-        rank is checking in alone and its check-in met this step's tag: this rank answers it with an
-        empty share, so that rank goes on without waiting, and says the tag must go again
-        (``False``). Where collectives match by call order that answer cannot interleave: there
-        every rank raises."""
+        """Whether every rank sent this step's tag alike, else the same error on every rank. Where only the
+        activity differs (a rank checking in alone), answer it with an empty share and return ``False``: the
+        tag must go again (under ``ordered``, raise)."""
         ops = backend(tag)
         if ops.all_true([agreement.step_agrees(ops, tag)]):
             return True
@@ -85,8 +70,7 @@ class StepProtocol:
         return False
 
     def check_in(self, activity: int, share: bytes, ops: Ops, step: int) -> list[bytes] | None:
-        """Every rank's ``share`` between steps, or ``None``: never a wait on ranks that do not ask
-        for it (see :meth:`hvdsketch.exchange.Exchanger.check_in`)."""
+        """Every rank's ``share`` between steps, or ``None`` (:meth:`hvdsketch.exchange.Exchanger.check_in`)."""
         handle = self._checkin or self._send_tag(ops, step, activity, agreement.share(ops, share))
         self._checkin = None
         deadline = time.monotonic() + self.checkin_seconds

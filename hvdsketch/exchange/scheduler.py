@@ -1,17 +1,8 @@
 """The flights of one step: each round sent as soon as it may go, each reduction handed back as it lands.
 
-The exchanger gives every tensor's :class:`~hvdsketch.exchange.flight.Flight` to a
-:class:`Scheduler` (:meth:`Scheduler.submit`) as soon as its gradient is ready.
-The scheduler sends the flight's round through the communicator, names it
-``{prefix}.{tensor}.r{round}`` (the same on every rank, step after step), and
-keeps its handle. :meth:`Scheduler.progress` moves on, without blocking, every
-flight whose early round has landed (PowerSGD's P, the union's bitmap), so
-multi-round methods advance while backward still runs; :meth:`Scheduler.wait_all`
-waits for the rest, round ``k`` of every flight before round ``k + 1`` of any,
-so the rounds of many tensors travel together. Where the communicator matches
-collectives by call order (``communicator.ordered``: the MPI layer), every round
-waits in a :class:`~hvdsketch.exchange.ordering.LaunchOrder` until the rounds
-before it in one order shared by every rank have been launched.
+Rounds are named ``{prefix}.{tensor}.r{round}`` alike on every rank; :meth:`Scheduler.wait_all` waits round
+``k`` of every flight before round ``k + 1`` of any, so the rounds of many tensors travel together. Under
+``communicator.ordered`` rounds wait in a :class:`~hvdsketch.exchange.ordering.LaunchOrder`.
 """
 from __future__ import annotations
 
@@ -26,10 +17,8 @@ QUEUED = object()
 
 
 class Scheduler:
-    """Sends and waits for the rounds of one step's flights over ``communicator``.
-
-    ``placement(name)`` is the context in which tensor ``name``'s work runs; ``waiting_for`` says
-    what the last blocking wait was for (the watchdog's report)."""
+    """Sends and waits for the rounds of one step's flights over ``communicator``; ``placement(name)`` is
+    the context of tensor ``name``'s work, ``waiting_for`` what the last blocking wait was for."""
 
     def __init__(self, communicator: Communicator, prefix: str,
                  placement: Callable[[str], ContextManager[Any]]) -> None:
@@ -60,14 +49,12 @@ class Scheduler:
         return handle.wait()
 
     def submit(self, name: str, flight: Flight) -> None:
-        """Send ``flight``'s current round now, or, in a launch order, once the order allows; then
-        let the flight keep its residual (computed while the round travels)."""
+        """Send ``flight``'s current round (in a launch order, once it allows), then keep its residual."""
         self._queue(name, flight)
         flight.settle()
 
     def progress(self) -> None:
-        """Move on, without blocking, every flight whose early round has landed (a round that settles
-        nothing yet is followed by another)."""
+        """Move on, without blocking, every flight whose early round (one settling nothing yet) has landed."""
         for name, (flight, handle) in list(self._flights.items()):
             if handle not in (None, QUEUED) and flight.round.residual is None and handle.test():
                 self._advance(name, flight, handle.wait())
@@ -83,8 +70,7 @@ class Scheduler:
         return {name: flight.result for name, (flight, _) in self._flights.items()}
 
     def complete(self, name: str) -> Any:
-        """Drive ``name``'s flight to its end now, each round sent as the one before lands (outside a
-        launch order only: every rank completes its tensors one by one in one order); its result."""
+        """Drive ``name``'s flight to its end now and return its result (outside a launch order only)."""
         if self._launch is not None:
             raise RuntimeError("hvdsketch: a tensor exchanged in a launch order cannot be completed alone")
         flight, handle = self._flights[name]

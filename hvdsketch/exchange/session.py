@@ -1,11 +1,9 @@
 """The one object every front end holds: hvdsketch's engine behind one door.
 
-A :class:`Session` assembles a front end's exchanger from what the user wrote (``compression=``,
-``memory=``) and the communicator the front end chose, starts and finishes its exchanges, agrees
-with the other ranks where a world begins, gathers, resolves and loads checkpoints
-(:mod:`hvdsketch.exchange.checkpoint`) and reports what compression saved. The PyTorch optimizer,
-the DDP hook, FSDP2's reduce-scatter, the TensorFlow tape and keras optimizer import nothing else of
-``exchange/``, ``memory/`` or ``policy/``: the names they need are here.
+A :class:`Session` assembles an exchanger from ``compression=``, ``memory=`` and a communicator, runs its
+exchanges, agrees with the other ranks where a world begins, handles checkpoints
+(:mod:`hvdsketch.exchange.checkpoint`) and reports. Front ends import nothing else of ``exchange/``,
+``memory/`` or ``policy/``.
 """
 from __future__ import annotations
 
@@ -91,8 +89,7 @@ class Session:
         return self.exchanger.stood
 
     def traceable(self) -> bool:
-        """Whether a traced graph can hold all of this setup's state between steps: its memory's and
-        every compressor's (:meth:`~hvdsketch.compress.Compressor.traceable`)."""
+        """Whether a traced graph can hold this setup's state (:meth:`~hvdsketch.compress.Compressor.traceable`)."""
         memory = self.exchanger.memory
         return (memory is None or memory.traceable()) and all(c.traceable() for c in self.policy.compressors().values())
 

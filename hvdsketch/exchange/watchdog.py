@@ -1,15 +1,7 @@
 """Say so when a rank waits too long for its collectives, without polling the wait itself.
 
-Waiting for a collective blocks in the communicator (Horovod's ``synchronize``
-waits in C++), which is what the fastest steps need. A watchdog thread looks,
-once a second, at what the exchanger is waiting for, and prints it every
-``seconds`` while the wait lasts: a rank that waits for an exchange another rank
-never starts names the exchange instead of hanging in silence. A wait that lasts
-``limit`` seconds ends the job: the watchdog prints the report once more and ends
-this process (the main thread is blocked in C++, where no exception reaches it),
-and the launcher (``mpirun``, ``horovodrun``) ends the other ranks. The limit is
-Horovod's own ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (:func:`shutdown_seconds`),
-so one setting ends the stalls of Horovod's collectives and of hvdsketch's alike.
+A thread prints what the exchanger waits for every ``seconds`` while a wait lasts, and ends the process once
+it lasts ``limit`` (:func:`shutdown_seconds`): the main thread is blocked in C++, where no exception reaches.
 """
 from __future__ import annotations
 
@@ -21,14 +13,12 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 
-#: Horovod's settings: seconds after which a stalled job is shut down (unset or 0: never), and after
-#: which Horovod reports a stall (default 60).
+#: Horovod's settings: seconds until a stalled job is shut down (unset or 0: never), and until a stall is reported.
 SHUTDOWN, CHECK = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS"
 
 
 def report_seconds() -> float:
-    """How long a wait lasts before it is reported: ``HVDSKETCH_STALL_SECONDS``, else Horovod's own
-    ``HOROVOD_STALL_CHECK_TIME_SECONDS``, else Horovod's default of 60."""
+    """Seconds a wait lasts before it is reported: ``HVDSKETCH_STALL_SECONDS``, else :data:`CHECK`'s, else 60."""
     return float(os.environ.get("HVDSKETCH_STALL_SECONDS") or os.environ.get(CHECK) or 60)
 
 
@@ -42,8 +32,7 @@ def shutdown_seconds() -> float:
 
 
 class Watchdog:
-    """Reports, every ``seconds``, a wait that is still going on; ends the process once it has
-    lasted ``limit`` seconds (0: never)."""
+    """Reports, every ``seconds``, a wait still going on; ends the process once it lasts ``limit`` (0: never)."""
 
     def __init__(self, seconds: float, limit: float = 0.0) -> None:
         self.seconds, self.limit = seconds, limit
