@@ -4,19 +4,10 @@ One-line change to a Horovod script::
 
     tape = hvd.DistributedGradientTape(tape, compression=hvdsketch.tensorflow.Compression.sketch(error=0.5))
 
-or hvdsketch's own tape, with Horovod's arguments, which knows variable names, runs multi-round
-compressors, error feedback, keeps ``tf.IndexedSlices`` sparse, and reports bytes::
-
-    tape = hvdsketch.tensorflow.DistributedGradientTape(tape, compression="sketch:error=0.5")
-
-and its tf-keras optimizer for ``model.fit``::
-
-    optimizer = hvdsketch.tensorflow.keras.DistributedOptimizer(optimizer, compression="powersgd:rank=2")
-
-Checkpoints: :func:`TapeState` (the tapes') and the keras optimizer's ``hvdsketch_state`` are
-``tf.train.Checkpoint``-trackable; every rank gathers, rank 0 saves one file that resumes every
-rank (:mod:`hvdsketch.tensorflow.state`). Horovod elastic: :mod:`hvdsketch.tensorflow.elastic`'s
-``TensorFlowKerasState`` / ``KerasState`` in place of Horovod's.
+or hvdsketch's own :func:`DistributedGradientTape`, or :func:`hvdsketch.tensorflow.keras.DistributedOptimizer`
+for ``model.fit``: Horovod's arguments, variable names, multi-round compressors, error feedback,
+``tf.IndexedSlices`` kept sparse, byte reports. Checkpoints: :func:`TapeState` and the keras optimizer's
+``hvdsketch_state`` (:mod:`hvdsketch.tensorflow.state`); Horovod elastic: :mod:`hvdsketch.tensorflow.elastic`.
 
 Never import ``horovod.torch`` in the same process.
 """

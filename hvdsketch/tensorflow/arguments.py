@@ -49,7 +49,7 @@ def adasum_refusal(compression: Any, memory: Any) -> str | None:
 def names_of(sources: Sequence[Any], generic: bool) -> list[str]:
     """Each source's name (``grad_{i}`` with Horovod's ``use_generic_names``), made unique."""
     names: list[str] = []
-    taken: set[str] = set()  # the names given so far: a lookup each, not a scan of the list
+    taken: set[str] = set()  # the names given so far
     for i, source in enumerate(sources):
         name = f"grad_{i}" if generic else getattr(source, "name", f"source.{i}").removesuffix(":0")
         names.append(name if name not in taken else f"{name}.{i}")

@@ -19,36 +19,26 @@ SLICES_DENSITY = 0.05
 
 
 class TFDropInCompression(PresetCompression):
-    """Counts its bytes in Python when it runs eagerly and in two int64 variables inside a
-    ``tf.function`` (each run of the traced function adds to them).
+    """Counts its bytes in Python when eager and in two int64 variables inside ``tf.function``.
 
-    Horovod's tape traces its allreduce in a ``tf.function`` even when eager, and a traced sketch
-    keeps the plan of its tracing, with no union seen before it: where neither ``density`` nor
-    ``ratio`` is given, a traced gradient that Horovod made dense from ``tf.IndexedSlices``
-    (``sparse_as_dense=True``: an embedding's) is sized for :data:`SLICES_DENSITY` of its rows, and
-    any other traced gradient for all of them, as a dense layer's rows all carry values (so it is
-    sent dense where a sketch would be no smaller). Eager, the sketch sizes itself from the unions
-    it has seen.
-
-    The variables are made at the first traced call, in a thread of their own, which no
-    ``tf.function``'s variable scope reaches, so a compression may be made and first used in any
-    trace of any function (``tf.function`` allows variables made in its own first trace only).
+    Horovod's tape traces its allreduce even when eager, and a traced sketch keeps its tracing's plan: where
+    neither ``density`` nor ``ratio`` is given, a traced gradient densified from ``tf.IndexedSlices`` is sized
+    for :data:`SLICES_DENSITY` of its rows, any other for all of them. The variables are made in a thread of
+    their own, outside every ``tf.function``'s variable scope, so a compression may be first used in any trace.
     """
 
     def __init__(self, compressor) -> None:
         self._counters: tuple[tf.Variable, tf.Variable] | None = None
         super().__init__(compressor)
 
-    # Horovod's allreduce, which calls these, is converted by autograph inside tf.function; hvdsketch's
-    # code is plain Python over ops, which autograph would only convert slowly at every trace.
+    # plain Python over ops: autograph, which converts Horovod's allreduce that calls these, need not convert them
     @tf.autograph.experimental.do_not_convert
     def compress(self, tensor):
         if tensor.shape.is_fully_defined():
             payload, state = super().compress(tensor)
             if state is not None and not tf.executing_eagerly():
-                # Horovod names a traced allreduce after its input's op: named after the gradient, the
-                # payload meets the other ranks' whatever compressor made it, so ranks that disagree
-                # get Horovod's mismatch error instead of waiting for names that never meet.
+                # Horovod names a traced allreduce after its input: named after the gradient, ranks whose
+                # compressors disagree get Horovod's mismatch error instead of a hang
                 payload = tf.identity(payload, name="hvdsketch_" + re.sub(r"[^A-Za-z0-9_]", "_", tensor.name))
             return payload, state
         if self.compressor.name == "none":  # nothing to compress: as Horovod's own
@@ -104,16 +94,12 @@ def _counters() -> tuple[tf.Variable, tf.Variable]:
 
 
 class Compression(CompressionNamespace):
-    """Like ``horovod.tensorflow.Compression``: ``Compression.none``, ``Compression.fp16``,
-    ``Compression.sketch`` or ``Compression.sketch(**options)``, every other drop-in compressor by
-    its name, ``Compression.from_spec("sketch:error=0.5,density=0.05")``, made anywhere, inside
-    ``tf.function`` too.
+    """Like ``horovod.tensorflow.Compression``: ``Compression.none``, ``.fp16``, ``.sketch`` or ``.sketch(**options)``,
+    every other drop-in compressor by its name, ``Compression.from_spec("sketch:error=0.5,density=0.05")``, made
+    anywhere, inside ``tf.function`` too.
 
-    One object per flag (``Compression.fp16 is Compression.fp16``), as Horovod's: Horovod's tape is
-    made in the training step, and Horovod caches the function it traces its allreduce in by the
-    compression object, which a new object at each step would trace anew. Horovod's tape and
-    optimizer run the compression traced, where it keeps nothing between steps in Python (a trace
-    is no step), so tapes given one object (a GAN's) train as each would alone; its
+    One object per flag (``Compression.fp16 is Compression.fp16``), as Horovod's, which caches its traced
+    allreduce by the compression object. Tapes given one object (a GAN's) train as each would alone; its
     :meth:`~hvdsketch.dropin.DropInCompression.report` adds up every use.
 
     Example::

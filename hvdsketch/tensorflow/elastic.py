@@ -5,29 +5,14 @@ Use them where Horovod's are used, with ``hvd.elastic.run`` as it is::
     state = hvdsketch.tensorflow.elastic.TensorFlowKerasState(model, optimizer, batch=0)
     # model.fit: hvdsketch.tensorflow.elastic.KerasState(model, batch=0, epoch=0)
 
-(A failed collective of hvdsketch raises Horovod's ``HorovodInternalError``, whose text names
-``HorovodAllreduce``: Horovod 0.28.1's TensorFlow ``hvd.elastic.run`` recovers only from an
-``UnknownError`` whose text does, as an error inside ``tf.function`` reaches it, and returns from
-``train`` as if it had finished for any other, a grouped collective's included;
-:mod:`hvdsketch.collectives.horovod`.)
-
-Besides the model's and optimizer's variables (Horovod's), they keep hvdsketch's
-per-rank state of the exchanges in use (a tf-keras ``DistributedOptimizer``'s own,
-and every ``DistributedGradientTape``'s):
-
-- ``save`` (each commit): a host copy of this rank's state alone, without communication;
-- ``restore`` (after a worker failed): that copy back, the broken-off step forgotten;
-- ``sync`` (the start, and every reset): Horovod broadcasts the variables from rank 0;
-  each exchange then agrees anew with the ranks of the new world at its next step
-  (:func:`hvdsketch.exchange.checkpoint.join`; a new worker's tape, made at its first
-  step, joins there too): where the world changed (another number of ranks, or ranks at
-  different steps: a worker was added) every rank drops its residuals and compressors'
-  per-tensor state alike and keeps the step and policy decisions of the lowest rank that
-  has state, and rank 0 warns (:class:`~hvdsketch.exchange.checkpoint.StateReset`).
-
-Under Horovod elastic every exchange runs eagerly at every step, inside ``tf.function``
-in Python ops (:meth:`~hvdsketch.tensorflow.gradients.GradientExchange.keeps_python_state`):
-a traced exchange would keep the world size it was traced in.
+Besides Horovod's variables they keep the per-rank state of the exchanges in use (a tf-keras
+``DistributedOptimizer``'s and every ``DistributedGradientTape``'s): ``save`` copies this rank's state without
+communication, ``restore`` puts it back, and after ``sync`` each exchange agrees anew with the new world at its
+next step (:func:`hvdsketch.exchange.checkpoint.join`): where the world changed, every rank drops its residuals
+and compressors' state, keeps the step and decisions of the lowest rank with state, and rank 0 warns
+(:class:`~hvdsketch.exchange.checkpoint.StateReset`). Under Horovod elastic every exchange runs in Python ops
+(:meth:`~hvdsketch.tensorflow.gradients.GradientExchange.keeps_python_state`); a failed collective raises what
+Horovod 0.28.1's ``hvd.elastic.run`` recovers from (:mod:`hvdsketch.collectives.horovod`).
 """
 from __future__ import annotations
 
@@ -78,9 +63,8 @@ class TensorFlowKerasState(_WithExchanges, _horovod.TensorFlowKerasState):
 
 
 class KerasState(TensorFlowKerasState):
-    """``horovod.tensorflow.keras.elastic.KerasState`` with hvdsketch's per-rank state (see the module
-    docstring): as Horovod's, the state above with tf-keras's backend (importing Horovod's would load
-    ``horovod.tensorflow.keras`` and its plotting dependencies with the plugin)."""
+    """``horovod.tensorflow.keras.elastic.KerasState`` with hvdsketch's per-rank state: the state above with
+    tf-keras's backend, as Horovod's (importing which would load ``horovod.tensorflow.keras``)."""
 
     def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any) -> None:
         super().__init__(model, optimizer=optimizer, backend=tf.keras.backend, **kwargs)

@@ -1,29 +1,15 @@
 """``hvdsketch.tensorflow.keras.DistributedOptimizer``: Horovod's tf-keras optimizer with any hvdsketch
 compressor, for ``model.fit``.
 
-As ``horovod.tensorflow.keras.DistributedOptimizer`` it returns an optimizer of the wrapped
-optimizer's own class (so a saved model loads without hvdsketch), whose ``compute_gradients``
-(``_compute_gradients`` for the legacy optimizers), which ``model.fit``'s ``train_step`` calls
-through ``minimize``, reduces the gradients across ranks, here through hvdsketch's exchange
-(:mod:`hvdsketch.tensorflow.gradients`): compressors that need several collectives (PowerSGD, the
-union sketch, top-k's allgathers) run, not only Horovod's one averaged allreduce.
-``backward_passes_per_step`` accumulates gradients locally in variables and exchanges and applies
-them every that many steps, as Horovod does.
+As ``horovod.tensorflow.keras.DistributedOptimizer`` it returns an optimizer of the wrapped optimizer's own
+class (a saved model loads without hvdsketch) whose ``compute_gradients`` reduces the gradients across ranks,
+here through hvdsketch's exchange (:mod:`hvdsketch.tensorflow.gradients`), multi-collective compressors
+included. Inside ``model.fit``'s ``tf.function``, an exchange whose state a graph cannot hold runs in Python ops
+(:meth:`hvdsketch.tensorflow.gradients.GradientExchange.keeps_python_state`).
 
-``model.fit`` runs ``train_step`` inside ``tf.function`` unless the model is compiled with
-``run_eagerly=True``. Inside a function, stateless compressors (``none``, ``fp16``, ``topk``,
-``randomk``, ``qsgd``, ``terngrad``, ``sketch`` with ``density=`` fixing its size) run as graph
-ops, each gradient's exchange its own, and so do those whose state between steps has a fixed
-shape, held in variables (PowerSGD, EF-SignSGD, ``memory="fp32"``); an exchange whose state a
-graph cannot hold (DGC, the sketch sized every step, other residual stores) runs in Python ops
-every step instead (see
-:meth:`hvdsketch.tensorflow.gradients.GradientExchange.keeps_python_state`): it trains as it
-would eagerly, each gradient's exchange started as soon as that gradient exists.
-
-Checkpoints: the optimizer tracks every rank's hvdsketch state as ``optimizer.hvdsketch_state``
-(:class:`hvdsketch.tensorflow.state.ExchangeState`), so ``tf.train.Checkpoint(optimizer=...)``
-and ``model.save_weights`` in TensorFlow's format carry it. Gathering it is collective: under
-``model.fit``, give every rank a :class:`GatherStateCallback` ahead of rank 0's ``ModelCheckpoint``.
+Checkpoints: ``optimizer.hvdsketch_state`` (:class:`hvdsketch.tensorflow.state.ExchangeState`) is tracked, so
+``tf.train.Checkpoint(optimizer=...)`` and ``model.save_weights`` carry every rank's state; under ``model.fit``
+give every rank a :class:`GatherStateCallback` ahead of rank 0's ``ModelCheckpoint``.
 """
 from __future__ import annotations
 
@@ -102,8 +88,7 @@ class _DistributedOptimizer:
         return [g for g, _ in self._hvdsketch_reduce(list(zip(grads, params)))]
 
     def report(self) -> dict[str, Any]:
-        """What compression saved on this rank: bytes sent against a dense ring allreduce, the
-        policy's choices (:meth:`hvdsketch.tensorflow.gradients.GradientExchange.report`)."""
+        """Bytes sent against a dense allreduce (:meth:`hvdsketch.tensorflow.gradients.GradientExchange.report`)."""
         return self._hvdsketch.exchange.report()
 
     def register_local_var(self, var: tf.Variable) -> None:
@@ -218,8 +203,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         config["name"] = name
     methods = {key: value for key, value in _DistributedOptimizer.__dict__.items()
                if key not in ("__dict__", "__weakref__")}
-    # named and placed as the wrapped class, so that Keras saves it as that class (a saved model
-    # loads without hvdsketch, in the .keras format too)
+    # named and placed as the wrapped class: Keras saves it as that class, which loads without hvdsketch
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {**methods, "__module__": optimizer.__class__.__module__})
     wrapped = cls.from_config(config)
     exchange = gradient_exchange(hvd, compression, memory, reduction, sparse_as_dense, gradient_predivide_factor,

@@ -1,27 +1,12 @@
 """``hvdsketch.tensorflow.DistributedGradientTape``: Horovod's tape, its arguments and their meaning,
 with any hvdsketch compressor.
 
-``gradient()`` computes the local gradients, then reduces them across the ranks of the process set
-through hvdsketch's exchange (:mod:`hvdsketch.tensorflow.gradients`). ``tf.IndexedSlices``
-gradients (embeddings) stay sparse end to end with the sketch. Works eagerly and inside
-``tf.function``. Inside a function each gradient's exchange is its own ops that depend on that
-gradient alone, so the runtime starts it as soon as backward has computed it, while backward goes
-on through the earlier layers; eagerly, ``tape.gradient`` returns every gradient at once, so the
-exchanges start after backward (eager TensorFlow cannot overlap them). Inside a function the hash
-seeds are fixed when it is traced (the step is a Python number at trace time), and an exchange that
-keeps state between steps that a graph cannot hold in variables (DGC, residual memory other than
-``fp32``, the sketch sized every step), which tracing would freeze, runs in Python ops every step instead: it advances as
-eagerly, each gradient's exchange started in an op that waits for that gradient alone.
-
-Per-tensor policies (:mod:`hvdsketch.policy`) work in both modes. Eagerly, ``auto`` warms up and
-decides at the first calls, like the PyTorch optimizer. Inside ``tf.function`` every decision is
-fixed when the function is traced: a policy that has not decided yet decides then, from eager
-stand-ins of the traced gradients (random values; a dense gradient counts as dense, an
-``IndexedSlices`` one as its static number of looked-up rows, an upper bound), with its probe and
-measurements run eagerly; a policy that decided in earlier eager steps keeps its decision.
-
-The tape is made anew every step; one setup (compression, memory, op, ...) keeps one exchanger
-across the tapes, so its state lasts and ranks check that they agree once.
+``gradient()`` computes the local gradients, then reduces them through hvdsketch's exchange
+(:mod:`hvdsketch.tensorflow.gradients`: how it overlaps backward inside ``tf.function``, and what runs in Python
+ops). ``tf.IndexedSlices`` gradients stay sparse with the sketch. Per-tensor policies (:mod:`hvdsketch.policy`)
+work eagerly and inside ``tf.function``, where decisions are fixed at tracing (from eager stand-ins of the
+gradients, unless earlier eager steps decided). The tape is made anew every step; the tapes of one setup
+(compression, memory, op, ...) share one exchange, so its state lasts.
 """
 from __future__ import annotations
 
@@ -59,8 +44,7 @@ class _DistributedGradientTape(tf.GradientTape):
         return tf.nest.pack_sequence_as(grads, flat)
 
     def report(self) -> dict[str, Any]:
-        """What compression saved on this rank, in every step of this tape's setup (the tapes of one
-        setup share one exchange): bytes sent against a dense ring allreduce, the policy's choices."""
+        """Bytes sent against a dense allreduce and the policy's choices, over every tape of this setup."""
         return self._exchange.report()
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
@@ -89,32 +73,26 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
             compressor, a :class:`hvdsketch.policy.Policy`, a drop-in compression or Horovod's
             ``Compression.none`` / ``.fp16``; falls back to ``HVDSKETCH_COMPRESSION``, then ``"none"``.
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before compressing; they come back dense.
-        op: ``hvd.Average`` (default) or ``hvd.Sum``; ``hvd.Adasum`` with ``compression="none"`` and no
-            memory is Horovod's own Adasum tape (Adasum combines the ranks' updates non-linearly, so
-            no compressor's messages can be combined that way: any other compression is an error).
+        op: ``hvd.Average`` (default) or ``hvd.Sum``; ``hvd.Adasum`` only with ``compression="none"`` and no
+            memory (Horovod's own Adasum tape).
         gradient_predivide_factor: with ``op=Average``, gradients are scaled by ``1 / factor`` before
             the sum and ``factor / size`` after it.
-        num_groups / groups: Horovod's explicit groups (a number of groups to split the gradients
-            into, in order, or lists of variables, the rest each a group of one): inside
-            ``tf.function`` a group's exchanges start together, once every gradient of the group is
-            computed.
+        num_groups / groups: Horovod's explicit groups (a number of groups, or lists of variables, the rest
+            each a group of one): inside ``tf.function`` a group's exchanges start once all its gradients exist.
         process_set: the Horovod process set to reduce over (default: every rank); on ranks
             outside it the gradients stay local, as in Horovod.
         scale_local_gradients: divide the gradients of sources registered with
             ``register_local_source`` by the process set's size.
         memory: error feedback: a ``--memory`` flag (``"fp32"``) or a :class:`hvdsketch.memory.Memory`;
             ``None`` for none.
-        error_if_nonfinite: ``False`` (the default): a NaN or Inf average is handed back, as
-            Horovod's is, for a loss scaler to skip the step, and hvdsketch's state (residuals,
-            compressors' state, decisions, step) stays as it was before that step (inside
-            ``tf.function`` too); ``True``: raise on every rank instead (``FloatingPointError``
-            eagerly, a failed assertion inside ``tf.function``).
+        error_if_nonfinite: ``False`` (the default): a NaN or Inf average is handed back, as Horovod's is, for
+            a loss scaler to skip the step, hvdsketch's state kept as before it; ``True``: raise on every rank
+            (``FloatingPointError`` eagerly, a failed assertion inside ``tf.function``).
 
     Returns:
-        An instance of ``gradtape``'s own class over the same recording, whose ``gradient()``
-        returns the reduced gradients, with Horovod's ``register_local_source`` and
-        ``get_local_and_global_gradients`` and hvdsketch's ``report()``; with ``op=hvd.Adasum``,
-        Horovod's own tape.
+        An instance of ``gradtape``'s own class over the same recording, whose ``gradient()`` returns the
+        reduced gradients, with Horovod's ``register_local_source`` and ``get_local_and_global_gradients``
+        and ``report()``; with ``op=hvd.Adasum``, Horovod's own tape.
 
     Raises:
         ValueError: a flag or option that is not valid, or an ``op`` the compression cannot

@@ -1,20 +1,13 @@
-"""hvdsketch for PyTorch.
+"""hvdsketch for PyTorch: drop-in ``compression=`` values for Horovod's optimizer, or hvdsketch's own.
 
 One-line change to a Horovod script::
 
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=hvdsketch.torch.Compression.sketch(error=0.5))
 
-or hvdsketch's own optimizer, which knows tensor names and steps, runs
-multi-round compressors (PowerSGD), error feedback, and reports bytes::
-
-    optimizer = hvdsketch.torch.DistributedOptimizer(optimizer, model.named_parameters(),
-                                                     compression="sketch:error=0.5")
-
-Its ``state_dict()`` gathers every rank's state (a collective call): rank 0 saves one file,
-and every rank loads it, or rank 0 loads it and :func:`broadcast_optimizer_state` (in place
-of Horovod's) gives every rank its own state. Horovod elastic's ``TorchState`` works as is
-(:mod:`hvdsketch.torch.elastic`).
+:func:`DistributedOptimizer` in its place knows tensor names and steps, runs multi-round compressors
+(PowerSGD) and error feedback, and reports bytes; its checkpoints carry every rank's state (restore on rank 0
+with :func:`broadcast_optimizer_state`). Horovod elastic: :mod:`hvdsketch.torch.elastic`.
 """
 from hvdsketch.torch.compression import Compression
 from hvdsketch.torch.functions import broadcast_optimizer_state

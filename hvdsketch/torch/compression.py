@@ -3,14 +3,11 @@ from hvdsketch.dropin import CompressionNamespace, PresetCompression
 
 
 class Compression(CompressionNamespace):
-    """Like ``horovod.torch.Compression``: ``Compression.none``, ``Compression.fp16``,
-    ``Compression.sketch`` or ``Compression.sketch(**options)``, every other drop-in compressor by
-    its name, ``Compression.from_spec("sketch:error=0.5,density=0.05")``.
+    """Like ``horovod.torch.Compression``: ``Compression.none``, ``.fp16``, ``.sketch`` or ``.sketch(**options)``,
+    every other drop-in compressor by its name, ``Compression.from_spec("sketch:error=0.5,density=0.05")``.
 
-    Each use makes a new compression, with its own inferred steps and tensor states: the one
-    Horovod's optimizer holds. Two optimizers each given ``Compression.sketch`` (a GAN's) train as
-    each would alone; one object given to both would step once for each of their steps and mix
-    their tensors of one shape. Keep the object to read its :meth:`~hvdsketch.dropin.DropInCompression.report`.
+    Each use makes a new compression with its own steps and tensor states, so give each optimizer (a GAN's two)
+    its own. Keep the object to read its :meth:`~hvdsketch.dropin.DropInCompression.report`.
 
     Example::
 

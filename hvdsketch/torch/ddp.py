@@ -1,50 +1,28 @@
 """hvdsketch as a PyTorch DDP communication hook: any hvdsketch compressor, no Horovod.
 
-One line added to a plain ``DistributedDataParallel`` script::
+One line added to a plain ``DistributedDataParallel`` script (launched with ``torchrun``)::
 
     import hvdsketch.torch.ddp as hvdsketch_ddp
 
     model = torch.nn.parallel.DistributedDataParallel(model)
     model.register_comm_hook(hvdsketch_ddp.ExchangeState(model, compression="auto"), hvdsketch_ddp.exchange_hook)
 
-As PyTorch's ``powerSGD_hook`` with its ``PowerSGDState``: a state object made once
-per DDP model (:class:`ExchangeState`, which takes what
-:func:`hvdsketch.torch.DistributedOptimizer` takes), and a hook,
-:func:`exchange_hook`, that returns a ``torch.futures.Future`` of a bucket's
-averaged gradients. Each parameter of a bucket is exchanged with its own
-compressor over ``torch.distributed`` (:mod:`hvdsketch.collectives.torchdist`;
-gloo on CPU, NCCL on GPU), or with ``collectives="mpi"`` over hvdsketch's MPI
-layer in an ``mpirun`` job. Launch with ``torchrun`` (or ``mpirun``, with the
-rendezvous in the environment); only torch is needed.
+As PyTorch's ``powerSGD_hook`` with its ``PowerSGDState``: one :class:`ExchangeState` per DDP model, and
+:func:`exchange_hook`, whose future holds a bucket's averaged gradients. Exchanges start as DDP hands over each
+bucket, so they overlap backward; ``compression="none"`` gives DDP's own allreduce bit for bit.
 
-A bucket's exchanges start when DDP hands it over, so they travel while backward
-goes on; the step's last bucket finishes every exchange and completes every
-future. The ranks issue their collectives in one order, fixed by tensor names and
-the step before's buckets; in a step whose buckets differ from the step before
-(the first, DDP's rebuild), the exchanges start at the last bucket, in DDP's
-order, so ``compression="none"`` gives DDP's own allreduce bit for bit.
+What DDP users do keeps working: ``no_sync()``, ``find_unused_parameters``, ``static_graph``, any floating
+dtype, sparse gradients (handed back sparse), several DDP models (each its own state, and its own process group
+where their backward passes interleave), ``autocast`` and ``torch.amp.GradScaler``.
 
-What DDP users do keeps working: ``no_sync()``, ``find_unused_parameters``,
-``static_graph``, parameters of any floating dtype, sparse gradients
-(``nn.Embedding(sparse=True)``, which come back sparse), several DDP models (each
-its own state, and its own process group where their backward passes interleave),
-``autocast`` and ``torch.amp.GradScaler`` (a NaN or Inf average is handed back for
-the scaler to skip the step, the hook's state kept as before it).
-
-Checkpoints: :meth:`ExchangeState.state_dict`, called on every rank between
-steps, gathers every rank's state; rank 0 saves it beside the model, and every
-rank resumes bit for bit from that file with :meth:`ExchangeState.load_state_dict`::
+Checkpoints: :meth:`ExchangeState.state_dict` gathers every rank's state (call it on every rank); rank 0 saves
+it, and every rank resumes from that file with :meth:`ExchangeState.load_state_dict`::
 
     hook_state = state.state_dict()                      # every rank
     if dist.get_rank() == 0:
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "hook": hook_state}, path)
+        torch.save({"model": model.state_dict(), "hook": hook_state}, path)
     ...
     state.load_state_dict(torch.load(path)["hook"])    # every rank
-
-Another number of ranks or compression setup is a clear ``ValueError`` on every
-rank (or, with ``reset_on_change=True``, a warned reset); ranks that disagree on
-compression, memory, parameters or step raise the same error on every rank.
 """
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
 import contextlib
@@ -75,7 +53,7 @@ class _Bucket:
 
 class ExchangeState:
     """The state of :func:`exchange_hook` for one DDP model: its :class:`~hvdsketch.exchange.session.Session`
-    (compressors, residual memory, policy, step) and this step's buckets.
+    and this step's buckets.
 
     Args:
         model: the ``DistributedDataParallel`` model (its module's parameter names are used), a
@@ -86,13 +64,12 @@ class ExchangeState:
         process_group: the ``torch.distributed`` group to average over (default: the default group).
         sparse_as_dense: densify sparse gradients before compressing (they come back sparse).
         prefix: the start of every collective's label (reports).
-        error_if_nonfinite: ``False`` (the default): a NaN or Inf average is handed back, as DDP's
-            is, for a loss scaler (``torch.amp.GradScaler``) to skip the step, and the state stays as
-            it was before that step; ``True``: raise ``FloatingPointError`` on every rank instead.
-        collectives: whose collectives move the messages: ``"torch"``, ``torch.distributed``'s over
-            ``process_group``; ``"mpi"``, hvdsketch's MPI layer (:mod:`hvdsketch.collectives.mpi`,
-            mpi4py) over every rank of an ``mpirun`` job, whose ranks must be DDP's (on CPU hosts
-            MPI's small collectives have the lower latency).
+        error_if_nonfinite: ``False`` (the default): a NaN or Inf average is handed back, as DDP's is,
+            for ``torch.amp.GradScaler`` to skip the step, the state kept as before it; ``True``: raise
+            ``FloatingPointError`` on every rank.
+        collectives: ``"torch"`` (``torch.distributed`` over ``process_group``) or ``"mpi"``
+            (:mod:`hvdsketch.collectives.mpi`: every rank of an ``mpirun`` job, whose ranks must be DDP's;
+            lower latency for small collectives on CPU hosts).
 
     Raises:
         ValueError: ``named_parameters`` naming a parameter twice, or a flag that is not valid.
@@ -178,10 +155,9 @@ class ExchangeState:
         self.session.expect([name for names in layout for name in names])
 
     def _start(self) -> None:
-        """Start the exchanges of the buckets ready; their first rounds go out together, as DDP's
-        bucket does. A dense gradient's average is written into its place in the bucket's buffer."""
+        """Start the ready buckets' exchanges, their first rounds together; dense averages land in the buffer."""
         ready, self._ready = self._ready, []
-        # one collective per (op, dtype) for them all; MPI's launches cost microseconds: each goes at once
+        # one collective per (op, dtype) for them all, where the communicator fuses
         fusing = getattr(self.communicator, "fusing", contextlib.nullcontext)
         with fusing():
             for names, gradients in ready:
@@ -190,20 +166,14 @@ class ExchangeState:
                     self.session.start(name, convert.as_hvdsketch(gradient), out=None if gradient.is_sparse else gradient)
 
     def _joins(self, layout: list[tuple[str, ...]]) -> list[bool]:
-        """For each bucket of ``layout``, whether it waits for the next: whether DDP calls the next
-        bucket's hook at once after its own. DDP calls hooks in bucket order, each when its bucket
-        and every earlier one are ready; backward reaches a model's parameters last to first, so
-        the next bucket is ready by then where its first parameter does not come before the first
-        of every bucket so far. Decided from the layout alone, so alike on every rank."""
+        """For each bucket of ``layout``, whether DDP calls the next bucket's hook at once after its own
+        (backward reaches parameters last to first), so it waits for it. From the layout alone: alike on every rank."""
         first = [min(self._place[name] for name in names) for names in layout]
         return [first[k + 1] >= min(first[:k + 1]) for k in range(len(layout) - 1)] + [False]
 
     def _end_step(self) -> None:
-        """The last bucket: start what waited, finish every exchange, complete every future.
-
-        What waited starts bucket by bucket: as this step's buckets, or, in the first step after a
-        resume, as the buckets of the step the checkpoint was saved after (DDP starts again from its
-        first layout, which it rebuilds after a step), so the sums are the uninterrupted run's."""
+        """The last bucket: start what waited, finish every exchange, complete every future. The first step
+        after a resume starts in the saved step's bucket order (DDP rebuilds its layout), so sums are bit for bit."""
         buckets, self._buckets = self._buckets, []
         self._given.clear()
         layout = [bucket.names for bucket in buckets]
@@ -254,8 +224,8 @@ class ExchangeState:
     # -- checkpoints and reports ------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's hvdsketch state under ``"hvdsketch"`` (collective: call it on every rank,
-        between steps; rank 0 saves it). See :mod:`hvdsketch.exchange.checkpoint`."""
+        """Every rank's hvdsketch state under ``"hvdsketch"`` (collective: call it on every rank between steps;
+        rank 0 saves it). See :mod:`hvdsketch.exchange.checkpoint`."""
         if self._buckets:
             raise RuntimeError("hvdsketch: a step is under way (DDP has called the hook for some buckets); "
                                "call state_dict() after backward")
@@ -263,9 +233,8 @@ class ExchangeState:
                 "buckets": [list(names) for names in self._layout]}
 
     def load_state_dict(self, state: Mapping[str, Any], reset_on_change: bool = False) -> None:
-        """Resume this rank from its entry of :meth:`state_dict`'s checkpoint (loaded on every rank).
-        Another number of ranks or compression setup raises ``ValueError``, or with
-        ``reset_on_change=True`` starts every rank's residuals and compressors' state afresh, warned."""
+        """Resume this rank from its entry of :meth:`state_dict`'s checkpoint (loaded on every rank). Another
+        number of ranks or compression setup raises ``ValueError``; ``reset_on_change=True`` starts afresh, warned."""
         if self._buckets:
             raise RuntimeError("hvdsketch: cannot load state while a step is under way")
         if "hvdsketch" not in state:
@@ -276,8 +245,7 @@ class ExchangeState:
         self.session.load(states, saved.converter({name: p.device for p, name in self._names.items()}))
 
     def report(self) -> dict[str, Any]:
-        """Bytes this rank sent (per collective and in total) against a dense ring allreduce, the
-        residuals kept and the policy's assignment (:meth:`hvdsketch.exchange.session.Session.report`)."""
+        """Bytes sent against a dense allreduce (:meth:`hvdsketch.exchange.session.Session.report`)."""
         return self.session.report(self._bytes_dense)
 
 
@@ -302,12 +270,18 @@ def _communicator(collectives: str, process_group: Any) -> Any:
     return communicator
 
 
-@torch.compiler.disable  # run eagerly where dynamo would trace it (a compiled step's backward, compiled autograd)
+@torch.compiler.disable  # run eagerly where dynamo would trace it (compiled autograd)
 def exchange_hook(state: ExchangeState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: ``bucket``'s gradients averaged by hvdsketch's exchanger, as a future
-    (``ddp_model.register_comm_hook(ExchangeState(ddp_model, compression=...), exchange_hook)``).
-    Called as ``exchange_hook(state, (param.grad, param))`` (compiled autograd's per-parameter form), it
-    averages ``param.grad`` in place at the step's last gradient (:mod:`hvdsketch.torch.ddp_param`)."""
+    """DDP communication hook: ``bucket``'s gradients averaged by hvdsketch, as a future.
+
+    Args:
+        state: the DDP model's :class:`ExchangeState`.
+        bucket: DDP's ``GradBucket``; or, in compiled autograd's per-parameter form, ``(param.grad, param)``,
+            whose ``param.grad`` is averaged in place at the step's last gradient (:mod:`hvdsketch.torch.ddp_param`).
+
+    Returns:
+        A ``torch.futures.Future`` of the bucket's averaged gradients.
+    """
     if isinstance(bucket, tuple):
         return state._parameter_steps.add(*bucket)
     return state.reduce(bucket)

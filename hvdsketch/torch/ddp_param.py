@@ -1,31 +1,15 @@
 """The DDP hook in DDP's per-parameter form: ``torch.compile`` with compiled autograd.
 
-With ``torch._dynamo.config.optimize_ddp = "python_reducer"`` (compiled autograd)
-DDP has no buckets: it calls a registered hook from each parameter's
-post-accumulate-grad hook as ``hook(state, (param.grad, param))``, ignores what it
-returns, and expects ``param.grad`` averaged in place. Nothing tells the hook
-that a step's last gradient has come (compiled autograd runs no callback queued
-from a hook), so a step ends when every parameter DDP reduces has given its
-gradient: then the step's exchanges start, together (one collective per (op,
-dtype) of a round, in one order on every rank), are finished, and every gradient
-is overwritten with its average. Every method and every ``ExchangeState`` option
-works this way, with the bucket form's results (``none`` is DDP's average bit for
-bit) and ``auto``'s decisions from the same whole steps; what is lost is overlap
-with backward, as the exchanges start after the step's last gradient.
+With ``torch._dynamo.config.optimize_ddp = "python_reducer"`` DDP has no buckets: it calls the hook from each
+parameter's post-accumulate-grad hook as ``hook(state, (param.grad, param))`` and expects ``param.grad``
+averaged in place. Nothing marks a step's last gradient, so a step ends when every parameter DDP reduces has
+given one: then its exchanges start, finish and overwrite every gradient, with the bucket form's results but
+no overlap with backward.
 
-So every parameter DDP reduces needs a gradient in every synchronized step (as
-DDP's own per-parameter allreduce needs, on every rank); a parameter that
-gets none leaves its step unfinished, and the next step's first repeated gradient
-raises ``RuntimeError`` naming it (use ``optimize_ddp="ddp_optimizer"``, the
-default, and ``find_unused_parameters=True`` for such a model). A sparse gradient
-(``nn.Embedding(sparse=True)``) raises ``ValueError`` at once: its average is a new
-tensor where this form can only overwrite ``param.grad``; the bucket form of
-``optimize_ddp="ddp_optimizer"`` exchanges it sparse. ``no_sync()`` works as in
-eager DDP (no call; the next synchronized step exchanges the sum).
-
-The hook is hidden from dynamo (``torch.compiler.disable``): compiled autograd's
-graph breaks around each call and runs hvdsketch eagerly on the real gradients,
-so it cannot run under ``fullgraph=True`` (``compiled_autograd_kwargs_override``).
+So every reduced parameter needs a gradient in every synchronized step (else the next step raises
+``RuntimeError`` naming it), and a sparse gradient raises ``ValueError``; for either, use
+``optimize_ddp="ddp_optimizer"`` (the default, with ``find_unused_parameters=True`` for unused parameters).
+The hook runs eagerly (``torch.compiler.disable``), so not under ``fullgraph=True``.
 """
 from __future__ import annotations
 
@@ -41,9 +25,8 @@ FORM = "DDP's per-parameter hook form (torch.compile with optimize_ddp='python_r
 
 
 class ParameterSteps:
-    """The gradients of one step in DDP's per-parameter form, for ``state`` (the
-    :class:`~hvdsketch.torch.ddp.ExchangeState` that makes this, whose session and steps it drives),
-    until the step's last."""
+    """One step's gradients in DDP's per-parameter form, for ``state`` (the
+    :class:`~hvdsketch.torch.ddp.ExchangeState` whose session it drives)."""
 
     def __init__(self, state: Any) -> None:
         self.state = state
@@ -70,8 +53,7 @@ class ParameterSteps:
             self._end_step()
 
     def _end_step(self) -> None:
-        """Start every exchange of the step (backward's usual order: the model's last parameter first,
-        alike on every rank), finish them, write each average into its gradient."""
+        """Start the step's exchanges (last parameter first, alike on every rank), finish them, write back."""
         state, gradients, self.gradients = self.state, self.gradients, {}
         order = tuple(sorted(gradients, key=state._place.__getitem__, reverse=True))
         try:

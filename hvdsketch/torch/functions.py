@@ -1,6 +1,4 @@
-"""Horovod's restore habit with hvdsketch's optimizer: load on rank 0, then broadcast.
-
-::
+"""Horovod's restore habit with hvdsketch's optimizer: load on rank 0, then broadcast::
 
     if hvd.rank() == 0:
         state = torch.load(path)
@@ -9,12 +7,8 @@
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvdsketch.torch.broadcast_optimizer_state(optimizer, root_rank=0)
 
-Horovod's ``hvd.broadcast_optimizer_state`` sends the wrapped optimizer's state
-(momentum buffers, learning rates) from the root; it cannot send hvdsketch's,
-which differs on every rank. Called on hvdsketch's optimizer after a load on
-rank 0 only it raises on every rank (the ranks are at different steps), naming
-this function; called at the start of training, before any load, it works as
-it does with Horovod's optimizer.
+Horovod's ``hvd.broadcast_optimizer_state`` cannot send hvdsketch's per-rank state: after a load on rank 0
+only, it raises on every rank, naming this function.
 """
 from __future__ import annotations
 
@@ -26,11 +20,9 @@ from hvdsketch.torch.optimizer import Distributed
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None) -> None:
-    """Broadcast the optimizer's state from ``root_rank`` (a rank of the optimizer's process set) to
-    every rank, as Horovod's function does, and, for hvdsketch's optimizer, give every rank its own
-    entry of the checkpoint the root loaded (its residuals, compressors' state, step and policy).
-    A root that loaded none gives none, and each rank keeps its own hvdsketch state. Collective;
-    ``model`` as in Horovod (to tell sparse parameters). Any other optimizer goes to Horovod's."""
+    """Broadcast the optimizer's state from ``root_rank`` (of the optimizer's process set), as Horovod's function
+    does, and, for hvdsketch's optimizer, give every rank its own entry of the checkpoint the root loaded (none
+    loaded: each rank keeps its own). Collective; ``model`` as in Horovod. Any other optimizer goes to Horovod's."""
     import horovod.torch as hvd
 
     if not isinstance(optimizer, Distributed):

@@ -1,33 +1,11 @@
 """``hvdsketch.torch.DistributedOptimizer``: Horovod's optimizer with any hvdsketch compressor.
 
-Like ``horovod.torch.DistributedOptimizer`` it wraps a ``torch.optim``
-optimizer (the returned object is an instance of the same class, so LR
-schedulers and checkpoints keep working), takes Horovod's arguments with
-Horovod's meaning, and starts each gradient's exchange from that parameter's
-gradient hook, so the exchange of the last layers travels while backward still
-computes the first; ``step()`` (or ``synchronize()``) only waits for what is
-still in flight. Unlike Horovod's drop-in path it knows each tensor's name and
-the step, so hash seeds change every step; it gives each tensor its own
-compressor by a policy (rules, or ``auto``: :mod:`hvdsketch.policy`); it runs
-compressors that need allgathers or several rounds (top-k, PowerSGD), error
-feedback from a residual memory, keeps row-sparse embedding gradients sparse
-end to end, and counts the bytes it sends.
-
-At its first step every rank checks that all ranks run the same compressor,
-memory and parameters (names, shapes, dtypes, which require gradients; the optimizer is made without talking to other
-ranks, so a worker that Horovod elastic adds can make it while the others
-wait to sync), and every step that they are at the same step; a mismatch
-raises on every rank. A parameter that gets no gradient on some rank in a
-step (a branch taken on other ranks only) takes part with zeros, as in
-Horovod, so every rank starts the same exchanges.
-
-Checkpoints carry every rank's state (:meth:`state_dict` called on every rank
-gathers it; on rank 0 alone it waits for no one and saves none):
-rank 0 saves one file, and every rank resumes exactly from it, loaded on every
-rank or loaded on rank 0 and broadcast with
-:func:`hvdsketch.torch.broadcast_optimizer_state`. Inside ``hvd.elastic.run``
-with ``hvd.elastic.TorchState`` the state is handled by
-:mod:`hvdsketch.torch.elastic`.
+Like ``horovod.torch.DistributedOptimizer`` it wraps a ``torch.optim`` optimizer (returning an instance of its
+class), takes Horovod's arguments with their meaning, and starts each gradient's exchange from its gradient hook,
+overlapping backward. Unlike it, it knows tensor names and steps, picks each tensor's compressor by a policy
+(:mod:`hvdsketch.policy`), runs multi-round compressors and error feedback, keeps sparse gradients sparse and
+counts bytes. A parameter without a gradient on some rank takes part with zeros, as in Horovod. Its
+``state_dict()`` carries every rank's state; Horovod elastic: :mod:`hvdsketch.torch.elastic`.
 """
 from __future__ import annotations
 
@@ -48,8 +26,8 @@ from hvdsketch.torch import convert, saved
 
 
 class Distributed(abc.ABC):
-    """What every optimizer :func:`DistributedOptimizer` makes is an instance of (its class is made
-    per wrapped optimizer class, a subclass of it, as Horovod makes its own)."""
+    """What every optimizer :func:`DistributedOptimizer` makes is an instance of (its class is made per wrapped
+    optimizer class, as Horovod's)."""
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -115,14 +93,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._session.start(self._names[p], convert.as_hvdsketch(grad), out=grad if dense else None)
 
     def _join(self, elastic: bool = False) -> None:
-        """Where a world begins (the first step; the first after Horovod elastic changed the number
-        of ranks; elastic's sync, ``elastic=True``), check with every rank that they agree
-        (:func:`hvdsketch.exchange.checkpoint.begin`)."""
+        """Where a world begins (first step, elastic resize or sync: ``elastic=True``), check every rank agrees."""
         self._session.begin(self._described, rejoin=elastic)
 
     def _described(self) -> list[Tensor]:
-        """The parameters as the ranks compare them where a world begins: their dtypes too, and which
-        this rank exchanges (one left out on some rank only would leave the others waiting)."""
+        """The parameters as the ranks compare them where a world begins, with which this rank exchanges."""
         exchanged = set(self._requires_update)
         return [Tensor(n, tuple(p.shape), torch_ops.dtype_name(p),
                                  "" if p in exchanged else "requires_grad=False when the optimizer was made")
@@ -130,9 +105,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self) -> None:
         """Wait for every gradient's exchange and put the averages in ``.grad``; called by :meth:`step`.
-
-        Parameters whose hooks did not fire (no gradient this step, or fewer backward passes than
-        ``backward_passes_per_step``) are exchanged now."""
+        Parameters whose hooks did not fire are exchanged now."""
         if not self._included:
             self._synchronized = True
             return
@@ -202,23 +175,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # -- checkpoints and reports ------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state plus, under ``"hvdsketch"``, every rank's hvdsketch state
-        (:mod:`hvdsketch.exchange.checkpoint`: each rank's step, policy decisions, compressors'
-        per-tensor state and residuals), so the file rank 0 saves resumes every rank.
-
-        Called on every rank, between steps, it gathers every rank's state, and the file rank 0
-        saves resumes every rank exactly::
+        """The wrapped optimizer's state plus every rank's hvdsketch state under ``"hvdsketch"``
+        (:mod:`hvdsketch.exchange.checkpoint`). Collective: call it on every rank between steps; rank 0 saves::
 
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             if hvd.rank() == 0:
                 torch.save(state, path)
 
-        Called on rank 0 alone (Horovod's habit: ``if hvd.rank() == 0: torch.save({...,
-        "optimizer": optimizer.state_dict()}, path)``) it waits for no rank that does not call it:
-        the others' next step answers it at once, and whatever else they do (``hvd.barrier()``, an
-        allreduce) it gives up after ``HVDSKETCH_CHECKIN_SECONDS`` seconds (default 10). It then warns, and its
-        checkpoint carries no rank's residuals or compressors' state: loading it starts them afresh
-        on every rank alike (the step and ``auto``'s decisions kept).
+        Called on rank 0 alone (Horovod's habit) it gives up waiting after ``HVDSKETCH_CHECKIN_SECONDS``
+        (default 10) and warns; that checkpoint starts residuals and compressors' state afresh on every rank.
         """
         state = super(self.__class__, self).state_dict()
         if not self._torch_only:
@@ -227,15 +192,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any], reset_on_change: bool = False) -> None:
-        """Resume from :meth:`state_dict`'s checkpoint: the wrapped optimizer's state, and this rank's
-        entry of every rank's hvdsketch state. Load it on every rank, or on rank 0 and then call
-        :func:`hvdsketch.torch.broadcast_optimizer_state`.
-
-        A checkpoint made with another number of ranks or another compression or memory setup
-        raises ``ValueError``; with ``reset_on_change=True`` it loads instead with every rank's
-        residuals and compressors' state started afresh (the step kept; for another number of
-        ranks also rank 0's policy decisions and memory plan), and a warning on rank 0
-        (:class:`hvdsketch.exchange.checkpoint.StateReset`)."""
+        """Resume from :meth:`state_dict`'s checkpoint, loaded on every rank, or on rank 0 and then
+        :func:`hvdsketch.torch.broadcast_optimizer_state`. Another number of ranks or compression or memory
+        setup raises ``ValueError``; ``reset_on_change=True`` instead starts residuals and compressors' state
+        afresh (the step kept), warning on rank 0 (:class:`hvdsketch.exchange.checkpoint.StateReset`)."""
         state_dict = dict(state_dict)
         ours = saved.to_numpy(state_dict.pop("hvdsketch", None))
         if ours is not None and self._included:
@@ -255,8 +215,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     @contextmanager
     def _torch_state_only(self):
-        """Within it ``state_dict()`` is the wrapped optimizer's alone and ``step()`` its step without
-        an exchange: what Horovod's ``broadcast_optimizer_state`` may call to make and send it."""
+        """``state_dict()`` and ``step()`` of the wrapped optimizer only (Horovod's ``broadcast_optimizer_state``)."""
         self._torch_only = True
         try:
             yield
@@ -290,11 +249,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._session.load_state_dict(state["hvdsketch"], self._converter())
 
     def report(self) -> dict[str, Any]:
-        """Bytes this rank sent (per collective and in total) against a dense ring allreduce, the
-        residuals kept and the policy's assignment table (:meth:`hvdsketch.exchange.session.Session.report`)."""
+        """Bytes sent against a dense allreduce (:meth:`hvdsketch.exchange.session.Session.report`)."""
         return self._session.report(self._bytes_dense)
-
-
 
 
 def _groups(groups: Any, params: list[torch.Tensor], names: dict[torch.Tensor, str]) -> list[tuple] | None:
@@ -345,7 +301,6 @@ def _check_arguments(optimizer: Any, backward_passes_per_step: Any, gradient_pre
         raise TypeError(f"hvdsketch: sparse_as_dense must be True or False, got {sparse_as_dense!r}")
 
 
-
 def _communicator(collectives: str, hvd: Any, process_set: Any, predivide: float) -> Any:
     """The communicator ``collectives`` names: Horovod's, or hvdsketch's MPI layer."""
     if collectives == "horovod":
@@ -377,16 +332,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 
     Args:
         optimizer: any ``torch.optim`` optimizer.
-        named_parameters: ``model.named_parameters()``; names seed the hashes, name the collectives
-            and label reports.
+        named_parameters: ``model.named_parameters()``; names seed the hashes, name collectives, label reports.
         compression: a flag such as ``"sketch:error=0.5"`` or ``"auto:bandwidth=1gbit"``, per-tensor
             rules (a list of :class:`hvdsketch.policy.Rule` or a ``{rules:, default:}`` mapping), a
             compressor or a :class:`hvdsketch.policy.Policy`; falls back to ``HVDSKETCH_COMPRESSION``,
             then ``"none"``.
         backward_passes_per_step: backward passes accumulated locally before each exchange.
-        op: ``hvd.Average`` (default) or ``hvd.Sum``; ``hvd.Adasum`` with ``compression="none"`` is
-            Horovod's own Adasum optimizer (Adasum combines the ranks' updates non-linearly, so no
-            compressor's messages can be combined that way).
+        op: ``hvd.Average`` (default) or ``hvd.Sum``; ``hvd.Adasum`` only with ``compression="none"``
+            (Horovod's own Adasum optimizer).
         gradient_predivide_factor: with ``op=Average``, gradients are scaled by ``1 / factor`` before
             the sum and ``factor / size`` after it (as Horovod does).
         num_groups / groups: Horovod's explicit groups: the exchanges of a group start together once
@@ -397,22 +350,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         memory: error feedback: a ``--memory`` flag (``"fp32"``, ``"plan:budget=0.25"``) or a
             :class:`hvdsketch.memory.Memory`; ``None`` for none. Its residuals are part of the
             optimizer's ``state_dict()``.
-        collectives: ``"horovod"`` (Horovod's collectives: NCCL and tensor fusion on GPUs) or
-            ``"mpi"`` (hvdsketch's mpi4py layer, :mod:`hvdsketch.collectives.mpi`: a bitwise-OR ring
-            constant in N, allgathers without padding; CPU tensors travel without copies, GPU
-            tensors through host memory; every rank, no process set).
-        error_if_nonfinite: ``False`` (the default): a NaN or Inf average is handed back, as
-            Horovod's is, for a loss scaler to skip the step (Horovod's recipe with
-            ``torch.amp.GradScaler``: ``synchronize()``, ``scaler.unscale_(optimizer)``, then
-            ``scaler.step(optimizer)`` inside ``skip_synchronize()``), and hvdsketch's state
-            (residuals, compressors' state, decisions, step) stays as it was before that step;
-            ``True``: raise ``FloatingPointError`` on every rank instead.
+        collectives: ``"horovod"`` (Horovod's: NCCL and tensor fusion on GPUs) or ``"mpi"``
+            (:mod:`hvdsketch.collectives.mpi`: every rank, no process set; GPU tensors go through host memory).
+        error_if_nonfinite: ``False`` (the default): a NaN or Inf average is handed back, as Horovod's is,
+            for a loss scaler to skip the step (``synchronize()``, ``scaler.unscale_(optimizer)``, then
+            ``scaler.step(optimizer)`` inside ``skip_synchronize()``), hvdsketch's state kept as before it;
+            ``True``: raise ``FloatingPointError`` on every rank.
 
     Returns:
-        An instance of ``optimizer``'s own class (an LR scheduler or ``isinstance`` keeps working)
-        over the same parameter groups, with Horovod's methods (``synchronize``,
-        ``skip_synchronize``, ...) and hvdsketch's ``report()``; with ``op=hvd.Adasum``, Horovod's
-        own optimizer.
+        An instance of ``optimizer``'s own class over the same parameter groups, with Horovod's methods
+        (``synchronize``, ``skip_synchronize``, ...) and ``report()``; with ``op=hvd.Adasum``, Horovod's optimizer.
 
     Raises:
         TypeError: ``optimizer`` not a ``torch.optim.Optimizer``, or one that Horovod's or hvdsketch's

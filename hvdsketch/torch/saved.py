@@ -1,12 +1,8 @@
-"""hvdsketch's checkpoint as PyTorch saves it: tensors where the engine keeps numpy arrays.
+"""hvdsketch's checkpoint as PyTorch saves it: CPU tensors where the engine keeps numpy arrays.
 
-PyTorch's default ``torch.load(path)`` (``weights_only=True`` since PyTorch 2.6)
-loads tensors, numbers, strings, bools, ``None`` and lists, tuples and dicts of
-them, and nothing else. The engine's checkpoint
-(:mod:`hvdsketch.exchange.checkpoint`) holds numpy arrays: :func:`to_torch` makes
-each a CPU tensor where a front end hands the checkpoint out, and
-:func:`to_numpy` makes them arrays again where it is loaded, bit for bit, so the
-checkpoint's checksum still holds.
+PyTorch's default ``torch.load`` (``weights_only=True``) loads no numpy arrays: :func:`to_torch` converts the
+engine's checkpoint (:mod:`hvdsketch.exchange.checkpoint`) where a front end hands it out, and
+:func:`to_numpy` converts it back, bit for bit, so its checksum holds.
 """
 from __future__ import annotations
 
@@ -46,6 +42,5 @@ def to_numpy(tree: Any) -> Any:
 
 
 def converter(devices: Mapping[str, torch.device]) -> Callable[[str, np.ndarray], torch.Tensor]:
-    """What makes a checkpoint's array a tensor on the device of the tensor it belongs to (by name;
-    the CPU for a name not in ``devices``)."""
+    """What makes a checkpoint's array a tensor on its tensor's device (by name; the CPU if not in ``devices``)."""
     return lambda name, array: torch.from_numpy(np.array(array)).to(devices.get(name, "cpu"))

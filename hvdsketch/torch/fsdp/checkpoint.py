@@ -1,16 +1,12 @@
 """hvdsketch's state in an FSDP checkpoint: every rank its own, as FSDP's sharded state is.
 
-:meth:`FSDPReduction.state_dict <hvdsketch.torch.fsdp.FSDPReduction.state_dict>` gives this rank's
-entry::
+:meth:`FSDPReduction.state_dict <hvdsketch.torch.fsdp.FSDPReduction.state_dict>` gives this rank's entry::
 
     {"world": N, "setup": "compression ... memory ...", "rank<r>": <this rank's state>}
 
-The setup and the world are the same on every rank; the rank's state (its exchangers' steps, policy
-decisions, compressors' records and error-feedback residuals) is one ``bytes`` value, written by
-``torch.save`` with every array a tensor, so PyTorch's default ``torch.load`` (``weights_only=True``)
-reads it. ``torch.distributed.checkpoint`` saves each rank's entry under its own key and the shared
-ones once, and loads each rank's own (:func:`unpack`); so does the plain habit of one file a rank
-(``torch.save(reduction.state_dict(), f"hvdsketch-{rank}.pt")``).
+The rank's state is ``torch.save``'s bytes with every array a tensor, so the default ``torch.load`` reads it.
+``torch.distributed.checkpoint`` saves each rank's entry under its own key and loads each rank's own, as does
+one file a rank (``torch.save(reduction.state_dict(), f"hvdsketch-{rank}.pt")``).
 """
 from __future__ import annotations
 

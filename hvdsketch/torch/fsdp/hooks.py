@@ -1,7 +1,5 @@
-"""The objects FSDP2 calls: a custom reduce-scatter per module, and the replica all-reduce hook of HSDP.
-
-Each hands its call to a function of the module's :class:`~hvdsketch.torch.fsdp.modules.Shard`
-(:class:`~hvdsketch.torch.fsdp.reduction.FSDPReduction`'s methods)."""
+"""The objects FSDP2 calls, a custom reduce-scatter per module and HSDP's replica all-reduce hook, each handing
+its call to :class:`~hvdsketch.torch.fsdp.reduction.FSDPReduction` with the module's shard."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -17,9 +15,8 @@ except ImportError:  # pragma: no cover - an older PyTorch: compress() raises be
 
 
 class CompressedReduceScatter(ReduceScatter):
-    """One FSDP module's reduce-scatter through hvdsketch (``FSDPModule.set_custom_reduce_scatter``):
-    FSDP calls it with the module's gradients' chunk-cat and the memory of this rank's block, and
-    reads that block when it returns; ``reduce(shard, output, input, group, op)`` fills it."""
+    """One FSDP module's reduce-scatter (``FSDPModule.set_custom_reduce_scatter``): FSDP reads this rank's block
+    when it returns; ``reduce(shard, output, input, group, op)`` fills it."""
 
     def __init__(self, reduce: Callable[[Shard, torch.Tensor, torch.Tensor, Any, Any], None], shard: Shard) -> None:
         self.reduce, self.shard = reduce, shard

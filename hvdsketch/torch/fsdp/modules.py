@@ -1,11 +1,9 @@
 """A model's FSDP2 modules as hvdsketch exchanges them: one reduce-scatter each, of a fixed layout.
 
-``fully_shard`` makes each module it wraps an ``FSDPModule`` with one parameter group, whose
-gradients FSDP reduces in one reduce-scatter of their chunk-cat: rank 0's padded shard of every
-parameter, then rank 1's, and so on. :func:`shards` describes each as the tensor hvdsketch
-exchanges: dimension 0 in ``N`` blocks, block ``q`` rank ``q``'s; where every parameter's shard has
-rows of one width ``d > 1`` (an embedding, a stack of square layers), the tensor is those rows,
-``(N * rows, d)``, so the rows of an embedding are the rows the methods see; otherwise it is flat.
+Each ``FSDPModule`` reduces the chunk-cat of its gradients (rank 0's padded shards, then rank 1's, ...).
+:func:`shards` describes it as a tensor whose dimension 0 is ``N`` blocks, block ``q`` rank ``q``'s: rows
+``(N * rows, d)`` where every shard has rows of one width ``d > 1`` (so an embedding's rows are the rows the
+methods see), otherwise flat.
 """
 from __future__ import annotations
 

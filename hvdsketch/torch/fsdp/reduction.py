@@ -1,11 +1,8 @@
 """hvdsketch's reduction of one FSDP2 model's gradients: its sessions and each step's way through them.
 
-A step is one backward. Its first reduce-scatter begins it (the ranks' agreement where a world
-begins, and a callback queued for the end of backward); each FSDP module's reduce-scatter is one
-exchange, started and completed in the call, since FSDP reads its block when the call returns; the
-end of backward ends the step (the exchanger's checks on every result, the policy's decisions). With
-HSDP each module's block is then averaged across the replicas by a second session in FSDP's
-all-reduce hook, in the same step.
+A step is one backward: its first reduce-scatter begins it and queues a callback for the end of backward,
+which ends it. Each module's reduce-scatter is one exchange, completed in FSDP's call (FSDP reads its block
+when the call returns); with HSDP a second session averages each block across the replicas.
 """
 from __future__ import annotations
 
@@ -152,8 +149,7 @@ class FSDPReduction:
     # -- steps ------------------------------------------------------------------------------------
 
     def _begin(self) -> None:
-        """A step's first reduce-scatter: the ranks' agreement where a world begins, and the end of the
-        step queued for the end of backward (ended with this call where it is made outside backward)."""
+        """A step's first reduce-scatter: the ranks agree, and the step's end is queued for the end of backward."""
         if self._open:
             return
         self.session.begin(lambda: self._described(self.session))
@@ -192,9 +188,8 @@ class FSDPReduction:
     # -- checkpoints ------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's state, between steps (see :mod:`hvdsketch.torch.fsdp.checkpoint`): what
-        ``torch.distributed.checkpoint`` saves of this object on every rank (it is ``Stateful``), or
-        what a rank saves with ``torch.save`` in a file of its own. No collective."""
+        """This rank's state, between steps (:mod:`hvdsketch.torch.fsdp.checkpoint`), for
+        ``torch.distributed.checkpoint`` (it is ``Stateful``) or a file per rank. No collective."""
         if self._open:
             raise RuntimeError("hvdsketch: a step is under way (FSDP has reduce-scattered some modules); "
                                "call state_dict() after backward")
@@ -204,10 +199,8 @@ class FSDPReduction:
                 fsdp_checkpoint.key(self.communicator.rank): fsdp_checkpoint.pack(states)}
 
     def load_state_dict(self, state: Mapping[str, Any], reset_on_change: bool = False) -> None:
-        """Resume this rank from its entry of :meth:`state_dict` (loaded on every rank): the steps,
-        decisions, compressors' state and residuals, so training continues bit for bit. A checkpoint of
-        another number of ranks or setup raises ``ValueError``, or with ``reset_on_change=True`` keeps
-        the step and starts the residuals and compressors' state afresh (warned on rank 0)."""
+        """Resume this rank bit for bit from its entry of :meth:`state_dict` (loaded on every rank). Another
+        number of ranks or setup raises ``ValueError``; ``reset_on_change=True`` starts afresh, warned."""
         if self._open:
             raise RuntimeError("hvdsketch: cannot load state while a step is under way")
         rank, size = self.communicator.rank, self.communicator.size
@@ -248,9 +241,8 @@ class FSDPReduction:
     # -- reports ----------------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
-        """Bytes this rank sent in the reduce-scatters (per collective, in total) against FSDP's own
-        reduce-scatter of the same gradients (``bytes_dense_reduce_scatter``), the residuals kept and
-        the policy's choice per module; with HSDP, the replica all-reduce's under ``"replica"``."""
+        """Bytes sent against FSDP's own reduce-scatter (``bytes_dense_reduce_scatter``), the policy's choice
+        per module; with HSDP, the replica all-reduce's under ``"replica"``."""
         report = self.session.report(self._bytes_dense)
         dense = reduce_scatter_bytes(self._bytes_dense, self.communicator.size)
         del report["bytes_dense_allreduce"]
