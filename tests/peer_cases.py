@@ -107,7 +107,7 @@ def exchanger(communicator: Any, compressors: dict[str, Compressor], memory: Any
     out = Exchanger(Given(compressors), communicator, memory, **options)
     out.step = step
     if states is not None:
-        out.states = states
+        out.table.records = states
     return out
 
 

@@ -50,14 +50,9 @@ the tensors of a step with :meth:`Exchanger.expect` (``exchange`` names its
 own), and a round waits in a queue until every round before it in that order
 has been launched.
 
-Compressors are stateless values; what a method remembers of a tensor (PowerSGD's
-Q, DGC's momentum, the sketch's sizing) is a record in the exchanger's one
-:class:`~hvdsketch.compress.state.StateTable` (``states``): a flight starts
-from its tensor's record and puts the next one back when its exchange ends; a
-trace reads the table and keeps nothing. Checkpoints
-(:mod:`~hvdsketch.exchange.checkpoint`): :meth:`Exchanger.state_dict` is this
-rank's state, that table included; the adapters gather every rank's into one
-checkpoint.
+Each tensor's state between steps (its compressor's record and its residual) is in the exchanger's
+one :class:`~hvdsketch.exchange.table.TensorTable` (``table``); :meth:`Exchanger.state_dict` is this
+rank's state, that table included (:mod:`~hvdsketch.exchange.checkpoint`).
 """
 from __future__ import annotations
 
@@ -72,14 +67,15 @@ from typing import Any, Callable, ContextManager, Literal, Mapping, Sequence
 from hvdsketch.collectives import Communicator
 from hvdsketch.compress import Compressor, RowSparse, TensorContext, create
 from hvdsketch.exchange.flight import Flight
-from hvdsketch.compress.state import StateTable, Undo, undoable
+from hvdsketch.compress.state import Undo, undoable
 from hvdsketch.compress.support import is_passthrough, values_of
 from hvdsketch.exchange import agreement
 from hvdsketch.exchange.diagnosis import CARRIED_AS, NARROW, NonfiniteStep, nonfinite_message
 from hvdsketch.exchange.protocol import StepProtocol
 from hvdsketch.exchange.scheduler import Scheduler
+from hvdsketch.exchange.table import Kept, TensorTable
 from hvdsketch.exchange.watchdog import Watchdog, report_seconds, shutdown_seconds
-from hvdsketch.memory import Fp32, Memory
+from hvdsketch.memory import Memory
 from hvdsketch.ops import backend
 from hvdsketch.policy.base import Policy
 from hvdsketch.ops.contract import Ops
@@ -113,7 +109,7 @@ class Exchanger:
             raise ValueError(f"hvdsketch: op must be average or sum, got {op!r}")
         if not isinstance(error_if_nonfinite, bool):
             raise TypeError(f"hvdsketch: error_if_nonfinite must be True or False, got {error_if_nonfinite!r}")
-        self.policy, self.communicator, self.memory = policy, communicator, memory
+        self.policy, self.communicator = policy, communicator
         self.op, self.sparse_as_dense, self.prefix = op, sparse_as_dense, prefix
         self.placement = placement or (lambda name: contextlib.nullcontext())
         self.error_if_nonfinite = error_if_nonfinite
@@ -121,10 +117,8 @@ class Exchanger:
         #: The number of ranks this rank's state was made with (set when the ranks agree,
         #: :mod:`~hvdsketch.exchange.checkpoint`), ``None`` before.
         self.world: int | None = None
-        #: Residuals of the methods whose error feedback is their own, when ``memory`` is ``None``.
-        self.own_memory = Memory(default=Fp32(), spec="fp32")
-        #: Each tensor's compressor state (PowerSGD's Q, the sketch's sizing), by name.
-        self.states = StateTable()
+        #: Each tensor's compressor record and residual.
+        self.table = TensorTable(memory)
         self.watchdog = Watchdog(report_seconds(), shutdown_seconds())
         #: This step's flights (:mod:`~hvdsketch.exchange.scheduler`).
         self.flights = Scheduler(communicator, prefix, self.placement)
@@ -148,7 +142,7 @@ class Exchanger:
         self._carried: dict[str, str] = {}
         #: The state before this step (eager steps), and the held memory it writes (a traced graph's),
         #: put back where the step is not finite.
-        self._before: _Before | None = None
+        self._before: Kept | None = None
         self._undo: Undo | None = None
         #: Whether the last step stood (its averages finite, or exchanged exactly): a 0-d truth of
         #: each run where the step was traced; else a step left no trace.
@@ -157,6 +151,11 @@ class Exchanger:
         self._kept: dict[str, tuple[Any, TensorContext, Compressor]] = {}
         self._warned: set[str] = set()  # the kinds of warning rank 0 gave (once each)
         self._rows = create("allgather")
+
+    @property
+    def memory(self) -> Memory | None:
+        """The residual memory the exchanger was made with (``None``: none)."""
+        return self.table.memory
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -205,7 +204,7 @@ class Exchanger:
             if not traced:
                 self.protocol.begin(ops, self.step)
             if not traced and not self.error_if_nonfinite:  # (the step's old residuals live until it ends)
-                self._before = _Before(self.states.snapshot(), {m: m.snapshot() for m in self._memories()})
+                self._before = self.table.snapshot()
             self.flights.begin(self._expected)
         dtype = ops.dtype_name(values)
         if traced or dtype in CARRIED_AS or self.policy.wants_inputs or isinstance(tensor, RowSparse):
@@ -225,7 +224,7 @@ class Exchanger:
         overwritten = out is not None and ops.is_floating(values)
         self._given[name] = (_constant(ops.all_finite_flag(values)) if overwritten
                              else functools.partial(ops.all_finite_flag, values))
-        memory = self._memory_for(compressor)
+        memory = self.table.memory_for(compressor)
         if isinstance(tensor, RowSparse) and (self.sparse_as_dense or not compressor.row_sparse or (
                 memory is not None and memory.keeps(name) and not memory.takes_rows(name))):
             tensor = tensor.to_dense()
@@ -235,7 +234,7 @@ class Exchanger:
             self._inputs.append((tensor, ctx))
         self.flights.progress()
         with self.placement(name):
-            flight = Flight(compressor, tensor, ctx, memory, self.states)
+            flight = Flight(compressor, tensor, ctx, memory, self.table.records)
             narrow = [ops.dtype_name(m.tensor) for m in flight.messages if ops.dtype_name(m.tensor) in NARROW]
             if narrow:
                 self._narrow[name] = (narrow[0], str(compressor))
@@ -299,14 +298,6 @@ class Exchanger:
             self._expected = expected
 
     # -- inside a step ----------------------------------------------------------------------------
-
-    def _memories(self) -> list[Memory]:
-        return [m for m in (self.memory, self.own_memory) if m is not None]
-
-    def _memory_for(self, compressor: Compressor) -> Memory | None:
-        if self.memory is not None:
-            return self.memory
-        return self.own_memory if compressor.feedback else None
 
     def _stalled(self, waited: float) -> str:
         return (f"hvdsketch: rank {self.communicator.rank} has waited {int(waited)} s at step {self.step} for "
@@ -380,8 +371,7 @@ class Exchanger:
         input whose average is finite (a lossy method left it out) gets its residual back."""
         before = self._before
         if not averaged:
-            for memory, snapshot in before.memories.items():
-                memory.restore(snapshot, only={name: _dense_shape(results[name], ops) for name in inputs})
+            self.table.restore(before, {name: _dense_shape(results[name], ops) for name in inputs}, records=False)
             return True
         elsewhere = set().union(*agreement.allgather_objects(  # (every rank is here: the averages are alike)
             self.communicator, sorted(set(averaged) & set(inputs)), f"{self.prefix}.nonfinite", ops))
@@ -390,9 +380,7 @@ class Exchanger:
         redone = [name for name, r in exact.items() if ops.all_true([ops.all_finite_flag(values_of(r))])]
         if set(averaged) - set(redone):  # a rank's gradient was not finite: the loss scaler's step
             self._undo.revert()
-            self.states.restore(before.states)
-            for memory, snapshot in before.memories.items():
-                memory.restore(snapshot)
+            self.table.restore(before)
             narrow = [name for name in averaged if name not in elsewhere and name in self._narrow]
             why = (f" ({narrow[0]!r} is finite on every rank: it overflowed {self._narrow[narrow[0]][0]} on the "
                    f"wire of {self._narrow[narrow[0]][1]})" if narrow else "")
@@ -401,9 +389,7 @@ class Exchanger:
                             f"(residuals, compressors' state, decisions, the step) kept as it was before it")
             return False
         results.update(exact)
-        self.states.restore(before.states, only=redone)
-        for memory, snapshot in before.memories.items():
-            memory.restore(snapshot, only={name: _dense_shape(results[name], ops) for name in redone})
+        self.table.restore(before, {name: _dense_shape(results[name], ops) for name in redone})
         methods = sorted({str(self._kept[name][2]) for name in redone})
         self._warn_once("overflow", f"{', '.join(methods)} overflowed on {_listed(redone)}, finite on every rank; "
                         f"exchanged exactly instead for this step, their state kept as it was before it")
@@ -440,9 +426,7 @@ class Exchanger:
         Without ``residuals``, neither residuals nor compressor states: nothing read from a tensor
         (so a save Keras traces can take it)."""
         return {"step": self.step, "world": self.world, "policy": self.policy.state_dict(),
-                "states": self.states.state_dict() if residuals else {},
-                "memory": None if self.memory is None else self.memory.state_dict(residuals),
-                "own_memory": self.own_memory.state_dict(residuals)}
+                **self.table.state_dict(residuals)}
 
     def load_state_dict(self, state: Mapping[str, Any], convert: Any) -> None:
         """Restore :meth:`state_dict`; ``convert(name, array)`` makes the tensor of each array.
@@ -457,18 +441,7 @@ class Exchanger:
         self.world = state.get("world")
         if state.get("policy") is not None:
             self.policy.load_state_dict(state["policy"])
-        self.states.load_state_dict(state.get("states") or {}, convert, create)
-        for memory, key in ((self.memory, "memory"), (self.own_memory, "own_memory")):
-            if memory is not None:
-                memory.load_state_dict(state.get(key) or memory.state_dict(residuals=False))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Before:
-    """The state a step started from: the compressors' records and each memory's slots."""
-
-    states: dict[str, Any]
-    memories: dict[Memory, Any]
+        self.table.load_state_dict(state, convert, create)
 
 
 def _listed(names: Sequence[str], shown: int = 3) -> str:

@@ -191,8 +191,7 @@ class Session:
                 "bytes_sent": sent, "bytes_dense_allreduce": dense, "ratio": dense / sent if sent else float("nan"),
                 "assignment": None if table is None else [row.to_dict() for row in table],
                 "seconds": dict(stats.seconds),
-                "residual_bytes": sum(m.nbytes() + m.host_nbytes() for m in (exchanger.memory, exchanger.own_memory)
-                                      if m is not None),
+                "residual_bytes": exchanger.table.residual_bytes(),
                 "collectives": stats.snapshot()}
 
 
