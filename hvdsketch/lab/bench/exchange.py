@@ -41,7 +41,8 @@ Under shaped links (``launch/cluster.sh --rate``, which exports
 bytes over its link, sent or received, whichever is more (each direction
 carries :data:`TCP_SHARE` of the rate), plus its collectives a step
 times the link's latency, a small allreduce's round trip timed after the
-entries (the slowest rank's, the median of :data:`LATENCY_PROBES`).
+entries (the slowest rank's, the median of :data:`LATENCY_PROBES`). Every entry
+records its codec seconds a step (compressors and memory, the busiest rank's).
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def _exchangers(entries: list[Any], param: Any, name: str, hvd: Any) -> dict[str
     from hvdsketch.collectives.stats import CommStats
     from hvdsketch.exchange import Exchanger
     from hvdsketch.policy import create as create_policy
-    from hvdsketch.torch.optimizer import _as_hvdsketch
+    from hvdsketch.torch.convert import as_hvdsketch
 
     out = {}
     for entry in entries:
@@ -108,7 +109,7 @@ def _exchangers(entries: list[Any], param: Any, name: str, hvd: Any) -> dict[str
                               prefix=f"hvdsketch.{entry.label}")
 
         def exchange(step: int, exchanger: Exchanger = exchanger) -> None:
-            exchanger.exchange({name: _as_hvdsketch(param.grad)})
+            exchanger.exchange({name: as_hvdsketch(param.grad)})
 
         out[entry.label] = (exchange, exchanger.communicator.stats)
     return out
@@ -184,6 +185,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     crossed = torch.tensor([max(runs[e.label][1].bytes_sent, runs[e.label][1].bytes_received) / steps for e in entries],
                            dtype=torch.float64, device=param.device)
     busiest = hvd.allreduce(crossed, op=hvd.Max, name="probe.bytes.link").tolist()
+    codec = torch.tensor([runs[e.label][1].seconds["codec"] / steps for e in entries], dtype=torch.float64,
+                         device=param.device)
+    codec = hvd.allreduce(codec, op=hvd.Max, name="probe.codec").tolist()
     rows = []
     for i, e in enumerate(entries):
         seconds = batched(times[e.label], args.batches)
@@ -195,7 +199,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                      "bytes_sent_per_step": runs[e.label][1].bytes_sent / steps,
                      "mean_bytes_sent_per_step": mean[i], "max_bytes_sent_per_step": most[i],
                      "vs_bound": mean[i] / (values + index) if values + index else None, "times_s": times[e.label],
-                     "collectives_per_step": collectives, "link_bytes_per_step": busiest[i], "floor_s": floor,
+                     "collectives_per_step": collectives, "link_bytes_per_step": busiest[i], "codec_s": codec[i],
+                     "floor_s": floor,
                      "vs_floor": seconds.center / floor if floor else None})
     result = {"workload": str(workload), "tensor": args.tensor, "shape": list(param.shape), "size": hvd.size(),
               "steps": steps, "warmup": args.warmup, "batches": args.batches, "baseline": args.baseline,

@@ -18,11 +18,11 @@ on a cluster's GPUs (NCCL's ring) and as every floor and model here prices an al
 default algorithm took 1.75-2.08x the ring's floor for dense at 8 and 16 ranks.
 
 Entries whose compression holds ``${rate}`` (``auto:bandwidth=${rate}``) are given the chosen rate
-and run in the shaped run only. The JSON holds both runs, the rate, and per entry of the shaped run:
-its time against its floor (the busiest rank's bytes over its link, sent or received, plus its collectives times the link's latency) and
-against the model ``floor + its unshaped time`` (the link's time plus the CPU time this machine
-spends on that exchange), with the model's error. Dense's shaped time against ``factor`` times its
-unshaped one is printed: where it falls short, the run is not link-bound and says so.
+and run in the shaped run only. The JSON holds both runs, the rate, and per entry of the shaped run
+its time against its floor (the busiest rank's bytes over its link, sent or received, plus its
+collectives times the link's latency) and against the model (:func:`model_seconds`), with the
+model's error. Dense's shaped time against ``factor`` times its unshaped one is printed: where it
+falls short, the run is not link-bound and says so.
 """
 from __future__ import annotations
 
@@ -79,14 +79,24 @@ def chosen_rate(dense: dict[str, Any], factor: float) -> int:
     return max(1, math.floor(dense["max_bytes_sent_per_step"] * 8 / (seconds * TCP_SHARE) / 1e6))
 
 
+def model_seconds(floor: float, codec: float, collective_cpu: float) -> float:
+    """An exchange's time on a link-bound link: its codec (compressors and memory, on the rank's CPU
+    before and after its collectives) plus the longer of its floor and its collectives' own CPU time
+    (copies and reductions, which overlap the bytes on the link)."""
+    return codec + max(floor, collective_cpu)
+
+
 def checked(shaped: dict[str, Any], unshaped: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per shaped entry: its floor and the model ``floor + unshaped time``, against its measured time."""
-    cpu = {row["label"]: row["exchange_s"] for row in unshaped["rows"]}
+    """Per shaped entry: its floor and :func:`model_seconds` against its measured time, the
+    collectives' CPU time being the unshaped run's time less its codec."""
+    cpu = {row["label"]: row["exchange_s"] - row.get("codec_s", 0.0) for row in unshaped["rows"]}
     out = []
     for row in shaped["rows"]:
-        model = row["floor_s"] + cpu[row["label"]] if row["label"] in cpu else None
+        codec = row.get("codec_s", 0.0)
+        model = model_seconds(row["floor_s"], codec, max(cpu[row["label"]], 0.0)) if row["label"] in cpu else None
         out.append({"label": row["label"], "measured_s": row["exchange_s"], "range_s": row["exchange_range_s"],
-                    "floor_s": row["floor_s"], "vs_floor": row["vs_floor"], "unshaped_s": cpu.get(row["label"]),
+                    "floor_s": row["floor_s"], "vs_floor": row["vs_floor"], "codec_s": codec,
+                    "unshaped_s": next((r["exchange_s"] for r in unshaped["rows"] if r["label"] == row["label"]), None),
                     "model_s": model, "model_error": model / row["exchange_s"] - 1 if model else None,
                     "mean_bytes": row["mean_bytes_sent_per_step"], "max_bytes": row["max_bytes_sent_per_step"],
                     "link_bytes": row["link_bytes_per_step"],
@@ -115,13 +125,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"hvdsketch bench linkbound: {args.np} ranks at {rate}: dense {slowed:.1f}x its unshaped time "
           f"({'link-bound' if slowed >= args.factor else f'NOT link-bound: under {args.factor:g}x'}); "
           f"latency {shaped['link']['latency_s'] * 1e3:.2f} ms")
-    print(f"  {'entry':<16} {'measured ms':>24} {'floor ms':>9} {'x floor':>8} {'unshaped ms':>12} {'model ms':>9} "
-          f"{'error':>7} {'MB link':>8}")
+    print(f"  {'entry':<16} {'measured ms':>24} {'floor ms':>9} {'x floor':>8} {'codec ms':>9} {'unshaped ms':>12} "
+          f"{'model ms':>9} {'error':>7} {'MB link':>8}")
     for r in rows:
         lo, hi = r["range_s"]
         measured = f"{r['measured_s'] * 1e3:.1f} ({lo * 1e3:.1f}..{hi * 1e3:.1f})"
         model = f"{r['model_s'] * 1e3:9.1f} {r['model_error']:+7.1%}" if r["model_s"] else f"{'':9} {'':7}"
         unshaped_ms = f"{r['unshaped_s'] * 1e3:12.1f}" if r["unshaped_s"] else f"{'':12}"
-        print(f"  {r['label']:<16} {measured:>24} {r['floor_s'] * 1e3:9.1f} {r['vs_floor']:8.2f} {unshaped_ms} "
+        print(f"  {r['label']:<16} {measured:>24} {r['floor_s'] * 1e3:9.1f} {r['vs_floor']:8.2f} "
+              f"{r['codec_s'] * 1e3:9.1f} {unshaped_ms} "
               f"{model} {r['link_bytes'] / 1e6:8.3f}", flush=True)
     return 0
