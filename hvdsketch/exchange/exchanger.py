@@ -1,54 +1,24 @@
 """The exchanger: every gradient's exchange starts when that gradient is ready; a step waits once.
 
-The PyTorch optimizer calls :meth:`Exchanger.start` from each parameter's
-gradient hook, while backward goes on, and :meth:`Exchanger.finish` before the
-optimizer's step; the TensorFlow tape calls both for the gradients it computed.
-``start`` asks the policy for the tensor's compressor (decided at the last step
-boundary, never mid-step), starts a :class:`~hvdsketch.exchange.flight.Flight`
-(error feedback included) and sends its first round through the non-blocking
-communicator; it also moves on every earlier tensor whose round has landed, so
-multi-round methods advance while backward still runs (the step's flights are
-the :mod:`~hvdsketch.exchange.scheduler`'s). ``finish`` first checks that every
-rank is at the same step with the same setup (the step protocol,
-:mod:`~hvdsketch.exchange.protocol`), then waits only for what is still in
-flight, runs the last rounds, and checks in one host sync that every result is
-finite: one rank's NaN or Inf reaches every rank's reduction, so it is alike on
-every rank. By default (as Horovod's and DDP's averages do) a result that is not
-finite is handed back as it is, for a loss scaler (PyTorch's ``GradScaler``) to
-see and skip the step, and the step leaves no trace in hvdsketch: every residual,
-compressor record, policy decision and the step count are as they were before it,
-on every rank alike (rank 0 warns once, :class:`NonfiniteStep`). A rank whose own
-input was not finite where every average is (a lossy method left the value out)
-keeps its residuals of those tensors as before the step. With
-``error_if_nonfinite=True`` every rank raises alike instead, each rank's message
-saying whether its own gradient was finite, so a finite gradient that overflowed a
-16-bit wire dtype is named as overflow. Then, at the step boundary of a finite
-step, the policy may look at the step's gradients and decide for the next steps
-(``auto``).
+Front ends call :meth:`Exchanger.start` as each gradient is ready (PyTorch: from its hook, while
+backward goes on) and :meth:`Exchanger.finish` before the optimizer's step. ``start`` asks the policy
+for the tensor's compressor (decided at step boundaries only), starts its
+:class:`~hvdsketch.exchange.flight.Flight` and sends its first round; every earlier round that has
+landed moves on (:mod:`~hvdsketch.exchange.scheduler`). ``finish`` checks that every rank is at the
+same step and setup (:mod:`~hvdsketch.exchange.protocol`), waits for what is in flight and checks in
+one host sync that every result is finite. A result that is not is handed back as it is, as Horovod
+and DDP do, for a loss scaler to skip the step, and the step leaves no trace: residuals, compressor
+records, decisions and the step count are as before it on every rank (rank 0 warns once,
+:class:`~hvdsketch.exchange.diagnosis.NonfiniteStep`); a method's own overflow on finite gradients is
+exchanged again exactly. With ``error_if_nonfinite=True`` every rank raises alike instead. A finite
+step then lets the policy decide for the next steps (``auto``).
 
-A wait that lasts ``HVDSKETCH_STALL_SECONDS`` (default: Horovod's
-``HOROVOD_STALL_CHECK_TIME_SECONDS``, 60) is reported on that
-rank with what it waits for, every as many seconds until it ends, and ends the
-job after Horovod's ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` where that is set
-(:mod:`~hvdsketch.exchange.watchdog`).
-
-Inside ``tf.function`` a step is fixed when the function is traced, and a rank
-may trace again when another does not (a smaller last batch): there every
-tensor's context has step 0 (so the ranks' hash seeds agree whichever graph each
-runs), a trace does not count as a step, and no step tag is sent (its constant
-input would let TensorFlow fold the collective into the graph, leaving a
-retraced rank alone in it); the setup was agreed eagerly when first traced.
-Horovod reduces no bfloat16 tensor, so bfloat16 gradients are exchanged as
-float32 and handed back as bfloat16. An adapter that gives a tensor's own memory
-(``start(..., out=)``: PyTorch's optimizer, as Horovod's averages ``.grad`` in
-place) gets the result written there, with no dense tensor allocated per step.
-
-A communicator that matches collectives by the order of calls rather than by
-name (``communicator.ordered``: the MPI layer) gets its rounds in one canonical
-order on every rank (:mod:`~hvdsketch.exchange.ordering`, kept by the scheduler): the adapter names
-the tensors of a step with :meth:`Exchanger.expect` (``exchange`` names its
-own), and a round waits in a queue until every round before it in that order
-has been launched.
+A wait longer than ``HVDSKETCH_STALL_SECONDS`` is reported, and ends the job after Horovod's
+``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` where set (:mod:`~hvdsketch.exchange.watchdog`). Inside
+``tf.function`` every context has step 0, a trace is no step and no step tag is sent. bfloat16 is
+exchanged as float32. ``start(..., out=)`` writes the dense result into the tensor's own memory. A
+communicator that matches collectives by call order (MPI) gets its rounds in one order on every rank
+(:mod:`~hvdsketch.exchange.ordering`), the order :meth:`Exchanger.expect` names.
 
 Each tensor's state between steps (its compressor's record and its residual) is in the exchanger's
 one :class:`~hvdsketch.exchange.table.TensorTable` (``table``); :meth:`Exchanger.state_dict` is this

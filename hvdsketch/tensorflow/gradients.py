@@ -1,26 +1,16 @@
 """The exchange of a list of TensorFlow gradients, shared by hvdsketch's tape and its tf-keras optimizer.
 
 :func:`gradient_exchange` gives the :class:`GradientExchange` of one setup (Horovod's arguments,
-checked by :mod:`hvdsketch.tensorflow.arguments`), the same object for the same arguments, since Horovod's
-tape is made anew every step while the exchanger's state (the step, the policy's decisions, the
-compressors' per-tensor state, the residuals) must last. A :class:`GradientExchange` exchanges the
-gradients of a list of variables: each through the exchanger under the variable's name; a
-variable registered as local is left out (and divided by the process set's size when
-``scale_local_gradients``, as Horovod does); ``groups`` make a group's exchanges wait for every
-gradient of the group; ``device_dense`` / ``device_sparse`` place the exchange of dense and of
-``tf.IndexedSlices`` gradients. A variable without a gradient on this rank (``None``: a branch
-other ranks take) takes part with zeros, as in PyTorch, so every rank starts the same exchanges;
-where a world begins the ranks compare every variable's name, shape, dtype and whether it is local.
+:mod:`hvdsketch.tensorflow.arguments`): the same one for the same arguments (``TAPES``), since
+Horovod's tape is made anew every step while the state must last. It exchanges each variable's
+gradient under the variable's name, as Horovod does with local variables, ``groups`` and
+``device_dense`` / ``device_sparse``; a variable without a gradient on this rank takes part with zeros.
 
-Overlap with backward: inside ``tf.function`` each gradient's exchange is its own ops, whose
-inputs are that gradient alone (the per-step check of the ranks' agreement and the finite checks
-hang off the results, never off another gradient), so the runtime starts a layer's collectives as
-soon as backward has computed that layer's gradient. State kept between steps (residuals,
-PowerSGD's ``Q``) lives in variables the graph reads and writes (:mod:`hvdsketch.compress.state`).
-Eagerly, ``tape.gradient`` returns every gradient at once and the exchanges start after backward has
-ended. An exchange whose state a graph cannot hold (:meth:`GradientExchange.keeps_python_state`)
-runs, inside a function, in Python ops at every step: each gradient's exchange starts in an op that
-waits for that gradient alone, and one more op finishes them all.
+Inside ``tf.function`` each gradient's exchange is its own ops, whose inputs are that gradient alone,
+so the runtime starts a layer's collectives as soon as backward has computed its gradient; state
+kept between steps lives in variables the graph reads and writes (:mod:`hvdsketch.compress.state`).
+An exchange whose state a graph cannot hold (:meth:`GradientExchange.keeps_python_state`) runs in
+Python ops at every step, one per gradient and one that finishes them all.
 """
 from __future__ import annotations
 

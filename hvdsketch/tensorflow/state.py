@@ -20,21 +20,14 @@ and takes its own entry::
                 checkpoint.save(os.path.join(folder, "ckpt"))
 
 hvdsketch's tf-keras ``DistributedOptimizer`` tracks its own :class:`ExchangeState`
-(``optimizer.hvdsketch_state``) as a dependency, so ``tf.train.Checkpoint(optimizer=...)``
-and ``model.save_weights`` (TensorFlow format) carry it; under ``model.fit`` put
-:class:`hvdsketch.tensorflow.keras.GatherStateCallback` on every rank
-before rank 0's ``ModelCheckpoint``.
+(``optimizer.hvdsketch_state``), so ``tf.train.Checkpoint(optimizer=...)`` and ``model.save_weights``
+carry it; under ``model.fit`` put :class:`hvdsketch.tensorflow.keras.GatherStateCallback` on every
+rank before rank 0's ``ModelCheckpoint``.
 
-A save whose state was not gathered at this step (Horovod's plain habit, ``if hvd.rank()
-== 0: checkpoint.save(...)``, or ``model.save`` on rank 0) cannot gather it then, since the
-other ranks are not saving: it saves the saving rank's step, policy decisions and memory
-plan without any rank's residuals, and warns; resuming from it starts every rank's
-residuals and compressors' state afresh alike (warned on rank 0), never one rank's
-residuals on every rank. A checkpoint of another number of ranks or another compression setup is a
-``ValueError`` at restore (or at the first tape, for a tape not yet made), unless
-``reset_on_change=True``, which starts every rank's residuals afresh, keeps the
-step and warns on rank 0. Restored on rank 0 alone, :meth:`ExchangeState.broadcast`
-gives every rank its entry.
+A save not gathered at this step (``if hvd.rank() == 0: checkpoint.save(...)``) carries no rank's
+residuals and warns; resuming from it starts every rank's residuals afresh alike. A checkpoint of
+another number of ranks or setup is a ``ValueError`` at restore (or at a tape's first step), unless
+``reset_on_change=True``. Restored on rank 0 alone, :meth:`ExchangeState.broadcast` gives every rank its entry.
 """
 from __future__ import annotations
 
