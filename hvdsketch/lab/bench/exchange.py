@@ -5,7 +5,8 @@ cell of workloads that name a ``probe`` tensor). Every rank builds the
 workload's model (PyTorch) and, for each of ``--steps`` real batches of its
 shard, computes the gradient; then, for every entry in turn (the order
 rotates each step, so no entry always goes first), all ranks meet at a
-barrier and exchange that one tensor:
+barrier and exchange that one tensor (``--tensor all``: every gradient of the
+model, as one step; the bound is then left out):
 
 - a compression setting (a flag or a rules mapping) gets the compressor its
   policy picks for the tensor, and :class:`hvdsketch.exchange.Exchanger`
@@ -13,7 +14,8 @@ barrier and exchange that one tensor:
   that is Horovod's dense allreduce of the densified gradient, what
   ``--path horovod`` does with ``sparse_as_dense``;
 - ``path: horovod`` with ``sparse_as_dense: false`` is Horovod's own sparse
-  allreduce, an allgather of the gradient's indices and values.
+  allreduce, an allgather of the gradient's indices and values (dense
+  gradients: Horovod's allreduce).
 
 A step's time is the slowest rank's. The first ``--warmup`` steps are not
 timed nor counted: one warms every entry up, and ``auto`` decides after its
@@ -67,7 +69,8 @@ LATENCY_PROBES = 21
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="the workload's training YAML")
-    parser.add_argument("--tensor", required=True, help="parameter name, e.g. embedding.weight")
+    parser.add_argument("--tensor", required=True,
+                        help="parameter name, e.g. embedding.weight, or 'all': every gradient of the model, one step")
     parser.add_argument("--entries", required=True,
                         help="YAML list of entries (label, compression, path, sparse_as_dense), as in bench configs")
     parser.add_argument("--steps", type=int, default=10, help="timed steps (after the warm-up)")
@@ -82,10 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the results here (rank 0)")
 
 
-def _exchangers(entries: list[Any], param: Any, name: str, hvd: Any) -> dict[str, tuple[Callable[[int], Any], Any]]:
-    """Per entry label: ``step -> None`` exchanging ``param.grad`` once, and its byte counters."""
+def _exchangers(entries: list[Any], params: dict[str, Any], hvd: Any) -> dict[str, tuple[Callable[[int], Any], Any]]:
+    """Per entry label: ``step -> None`` exchanging the gradients of ``params`` (name to parameter) as one
+    step, and its byte counters."""
     from hvdsketch.collectives.horovod import HorovodCommunicator
-    from hvdsketch.collectives.stats import CommStats
+    from hvdsketch.collectives.stats import CommStats, ring_allreduce_bytes
     from hvdsketch.exchange import Exchanger
     from hvdsketch.policy import create as create_policy
     from hvdsketch.torch.convert import as_hvdsketch
@@ -95,13 +99,23 @@ def _exchangers(entries: list[Any], param: Any, name: str, hvd: Any) -> dict[str
         if entry.path == "horovod" and entry.sparse_as_dense is False:
             stats = CommStats()
 
-            def gather(step: int, stats: CommStats = stats) -> None:
-                grad = param.grad
-                if not grad.is_sparse:
-                    raise ValueError(f"hvdsketch bench exchange: {name} has a dense gradient; nothing to allgather")
-                hvd.sparse_allreduce_async(grad, name=f"probe.{name}", op=hvd.Average)()  # a callable handle
-                local = grad._indices().nbytes + grad._values().nbytes
-                stats.record("allgather", (hvd.size() - 1) * local, (hvd.size() - 1) * local)
+            def gather(step: int, stats: CommStats = stats) -> None:  # as Horovod's optimizer: sparse allgathered
+                if not any(p.grad.is_sparse for p in params.values()):
+                    raise ValueError(f"hvdsketch bench exchange: {', '.join(params)}: no sparse gradient to allgather")
+                waits = []
+                for name, p in params.items():
+                    grad = p.grad
+                    if grad.is_sparse:
+                        waits.append(hvd.sparse_allreduce_async(grad, name=f"probe.{name}", op=hvd.Average))
+                        local = grad._indices().nbytes + grad._values().nbytes
+                        stats.record("allgather", (hvd.size() - 1) * local, (hvd.size() - 1) * local)
+                    else:
+                        handle = hvd.allreduce_async(grad, name=f"probe.{name}", op=hvd.Average)
+                        waits.append(lambda handle=handle: hvd.synchronize(handle))
+                        ring = ring_allreduce_bytes(grad.numel() * grad.element_size(), hvd.size())
+                        stats.record("allreduce", ring, ring)
+                for wait in waits:
+                    wait()  # a callable handle
 
             out[entry.label] = (gather, stats)
             continue
@@ -109,7 +123,7 @@ def _exchangers(entries: list[Any], param: Any, name: str, hvd: Any) -> dict[str
                               prefix=f"hvdsketch.{entry.label}")
 
         def exchange(step: int, exchanger: Exchanger = exchanger) -> None:
-            exchanger.exchange({name: as_hvdsketch(param.grad)})
+            exchanger.exchange({name: as_hvdsketch(p.grad) for name, p in params.items()})
 
         out[entry.label] = (exchange, exchanger.communicator.stats)
     return out
@@ -149,21 +163,23 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     model = workload.build_model()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     params = dict(model.named_parameters())
-    if args.tensor not in params:
-        raise SystemExit(f"hvdsketch bench exchange: no parameter {args.tensor!r}; valid: {', '.join(params)}")
-    param = params[args.tensor]
-    runs = _exchangers(entries, param, args.tensor, hvd)
+    if args.tensor != "all" and args.tensor not in params:
+        raise SystemExit(f"hvdsketch bench exchange: no parameter {args.tensor!r}; valid: all, {', '.join(params)}")
+    exchanged = {n: p for n, p in params.items() if p.requires_grad} if args.tensor == "all" else {
+        args.tensor: params[args.tensor]}
+    param = params[args.tensor] if args.tensor != "all" else None  # the one tensor with a bound
+    runs = _exchangers(entries, exchanged, hvd)
     times: dict[str, list[float]] = {label: [] for label in runs}
     batches = workload.train_batches(0, hvd.rank(), hvd.size())
     bounds: list[tuple[float, float, float, int]] = []  # (values, index, z, u) per timed step
-    row_bytes = param[0].numel() * param.element_size()
+    row_bytes = param[0].numel() * param.element_size() if param is not None else 0
     for step, batch in zip(range(args.warmup + args.steps), batches):
         model.zero_grad(set_to_none=True)
         workload.loss(model, batch).backward()
         if step == args.warmup:
             for _, stats in runs.values():
                 stats.reset()
-        if step >= args.warmup:
+        if step >= args.warmup and param is not None:
             touched, union = support(param.grad, hvd)
             bounds.append((*lower_bound(param.shape[0], row_bytes, touched, union, hvd.size()), touched, union))
         labels = list(runs)
@@ -176,17 +192,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             if step >= args.warmup:
                 times[label].append(slowest)
     steps = max(len(next(iter(times.values()))), 1)
-    latency = probe_latency(hvd, param.device)
+    device = next(iter(exchanged.values())).device
+    latency = probe_latency(hvd, device)
     rate = link_rate()
-    values, index, touched, union = (statistics.mean(column) for column in zip(*bounds))
+    values, index, touched, union = (statistics.mean(column) for column in zip(*bounds)) if bounds else (0, 0, 0, 0)
     sent = torch.tensor([runs[e.label][1].bytes_sent / steps for e in entries], dtype=torch.float64)
     mean = hvd.allreduce(sent, op=hvd.Average, name="probe.bytes.mean").tolist()
     most = hvd.allreduce(sent, op=hvd.Max, name="probe.bytes.max").tolist()
     crossed = torch.tensor([max(runs[e.label][1].bytes_sent, runs[e.label][1].bytes_received) / steps for e in entries],
-                           dtype=torch.float64, device=param.device)
+                           dtype=torch.float64, device=device)
     busiest = hvd.allreduce(crossed, op=hvd.Max, name="probe.bytes.link").tolist()
     codec = torch.tensor([runs[e.label][1].seconds["codec"] / steps for e in entries], dtype=torch.float64,
-                         device=param.device)
+                         device=device)
     codec = hvd.allreduce(codec, op=hvd.Max, name="probe.codec").tolist()
     rows = []
     for i, e in enumerate(entries):
@@ -202,7 +219,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                      "collectives_per_step": collectives, "link_bytes_per_step": busiest[i], "codec_s": codec[i],
                      "floor_s": floor,
                      "vs_floor": seconds.center / floor if floor else None})
-    result = {"workload": str(workload), "tensor": args.tensor, "shape": list(param.shape), "size": hvd.size(),
+    shape = list(param.shape) if param is not None else [sum(p.numel() for p in exchanged.values())]
+    result = {"workload": str(workload), "tensor": args.tensor, "shape": shape, "size": hvd.size(),
               "steps": steps, "warmup": args.warmup, "batches": args.batches, "baseline": args.baseline,
               "rows": rows, "bound": {"values_bytes": values, "index_bytes": index, "z": touched, "u": union},
               "link": {"rate": os.environ.get("HVDSKETCH_CLUSTER_RATE"), "bytes_per_s": rate, "latency_s": latency}}
@@ -271,11 +289,12 @@ def run(args: argparse.Namespace) -> int:
             vs = Spread(r["vs_baseline"], *r["vs_baseline_range"]).text(3)
             print(f"  {r['label']:<20} {ms:>22} ms  {vs:>20}x {args.baseline}  "
                   f"{r['mean_bytes_sent_per_step'] / 1e6:9.3f} MB/step (mean; max {r['max_bytes_sent_per_step'] / 1e6:.3f})"
-                  f"  {r['vs_bound'] or 0:6.2f}x bound"
+                  + (f"  {r['vs_bound']:6.2f}x bound" if r["vs_bound"] else "")
                   + (f"  {r['vs_floor']:5.2f}x floor ({r['floor_s'] * 1e3:.1f} ms)" if r["floor_s"] else ""), flush=True)
-        print(f"  {'bound':<20} {'':>22}     {'':>20}  {'':>{len(args.baseline)}}  {total / 1e6:9.3f} MB/step  "
-              f"(values {bound['values_bytes'] / 1e6:.3f} + index {bound['index_bytes'] / 1e6:.4f}; "
-              f"z {bound['z']:.0f}, u {bound['u']:.0f} rows)", flush=True)
+        if total:
+            print(f"  {'bound':<20} {'':>22}     {'':>20}  {'':>{len(args.baseline)}}  {total / 1e6:9.3f} MB/step  "
+                  f"(values {bound['values_bytes'] / 1e6:.3f} + index {bound['index_bytes'] / 1e6:.4f}; "
+                  f"z {bound['z']:.0f}, u {bound['u']:.0f} rows)", flush=True)
         link = result["link"]
         print(f"  link {link['rate'] or 'unshaped'}, latency {link['latency_s'] * 1e3:.2f} ms (a small allreduce)",
               flush=True)

@@ -49,7 +49,7 @@ RING = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allre
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-np", "--np", type=int, required=True, help="ranks (emulated hosts)")
     parser.add_argument("--config", required=True, help="the workload's training YAML")
-    parser.add_argument("--tensor", required=True, help="parameter name, e.g. embedding.weight")
+    parser.add_argument("--tensor", required=True, help="parameter name, e.g. embedding.weight, or all (every gradient)")
     parser.add_argument("--entries", required=True, help="YAML list of entries; one labelled --dense")
     parser.add_argument("--dense", default="dense", help="label of the dense entry that sets the rate")
     parser.add_argument("--factor", type=float, default=5.0,
