@@ -24,7 +24,7 @@ class Kept:
     replaced, never written in place, eagerly)."""
 
     records: dict[str, Any]
-    residuals: dict[int, Snapshot]
+    residuals: tuple[Snapshot, ...]  # each of :attr:`TensorTable.memories`'s, in order
 
 
 class TensorTable:
@@ -55,15 +55,15 @@ class TensorTable:
         return sum(m.nbytes() + m.host_nbytes() for m in self.memories)
 
     def snapshot(self) -> Kept:
-        return Kept(self.records.snapshot(), {id(m): m.snapshot() for m in self.memories})
+        return Kept(self.records.snapshot(), tuple(m.snapshot() for m in self.memories))
 
     def restore(self, kept: Kept, only: Mapping[str, tuple[int, ...]] | None = None, records: bool = True) -> None:
         """Put back what :meth:`snapshot` took: every tensor's state, or that of the tensors ``only``
         maps to their dense shapes; without ``records``, their residuals alone."""
         if records:
             self.records.restore(kept.records, None if only is None else list(only))
-        for memory in self.memories:
-            memory.restore(kept.residuals[id(memory)], only)
+        for memory, residuals in zip(self.memories, kept.residuals):
+            memory.restore(residuals, only)
 
     def state_dict(self, residuals: bool = True) -> dict[str, Any]:
         """The records (``"states"``) and both memories as numpy arrays and plain values; without

@@ -136,7 +136,8 @@ def support(grad: Any, hvd: Any) -> tuple[float, int]:
 
     rows = (grad.coalesce()._indices()[0] if grad.is_sparse else
             torch.nonzero(grad.reshape(grad.shape[0], -1).abs().sum(dim=1)).reshape(-1))
-    touched = hvd.allreduce(torch.tensor([float(rows.numel())]), op=hvd.Average, name="probe.z").item()
+    touched = hvd.allreduce(torch.tensor([float(rows.numel())], device=grad.device), op=hvd.Average,
+                            name="probe.z").item()
     union = torch.unique(hvd.allgather(rows.to(torch.int64), name="probe.u")).numel()
     return touched, union
 
@@ -168,6 +169,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     exchanged = {n: p for n, p in params.items() if p.requires_grad} if args.tensor == "all" else {
         args.tensor: params[args.tensor]}
     param = params[args.tensor] if args.tensor != "all" else None  # the one tensor with a bound
+    device = next(iter(exchanged.values())).device
     runs = _exchangers(entries, exchanged, hvd)
     times: dict[str, list[float]] = {label: [] for label in runs}
     batches = workload.train_batches(0, hvd.rank(), hvd.size())
@@ -188,23 +190,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             start = time.perf_counter()
             runs[label][0](step)
             seconds = time.perf_counter() - start
-            slowest = hvd.allreduce(torch.tensor([seconds]), op=hvd.Max, name="probe.time").item()
+            slowest = hvd.allreduce(torch.tensor([seconds], device=device), op=hvd.Max, name="probe.time").item()
             if step >= args.warmup:
                 times[label].append(slowest)
     steps = max(len(next(iter(times.values()))), 1)
-    device = next(iter(exchanged.values())).device
     latency = probe_latency(hvd, device)
     rate = link_rate()
     values, index, touched, union = (statistics.mean(column) for column in zip(*bounds)) if bounds else (0, 0, 0, 0)
-    sent = torch.tensor([runs[e.label][1].bytes_sent / steps for e in entries], dtype=torch.float64)
-    mean = hvd.allreduce(sent, op=hvd.Average, name="probe.bytes.mean").tolist()
-    most = hvd.allreduce(sent, op=hvd.Max, name="probe.bytes.max").tolist()
-    crossed = torch.tensor([max(runs[e.label][1].bytes_sent, runs[e.label][1].bytes_received) / steps for e in entries],
-                           dtype=torch.float64, device=device)
-    busiest = hvd.allreduce(crossed, op=hvd.Max, name="probe.bytes.link").tolist()
-    codec = torch.tensor([runs[e.label][1].seconds["codec"] / steps for e in entries], dtype=torch.float64,
-                         device=device)
-    codec = hvd.allreduce(codec, op=hvd.Max, name="probe.codec").tolist()
+    counted = [runs[e.label][1] for e in entries]
+    # a step of each entry: bytes sent, bytes over the link (sent or received), codec seconds
+    mine = torch.tensor([[c.bytes_sent / steps for c in counted],
+                         [max(c.bytes_sent, c.bytes_received) / steps for c in counted],
+                         [c.seconds["codec"] / steps for c in counted]], dtype=torch.float64, device=device)
+    mean = hvd.allreduce(mine[0], op=hvd.Average, name="probe.bytes.mean").tolist()
+    most, busiest, codec = hvd.allreduce(mine, op=hvd.Max, name="probe.most").tolist()
     rows = []
     for i, e in enumerate(entries):
         seconds = batched(times[e.label], args.batches)

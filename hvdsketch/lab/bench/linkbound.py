@@ -89,14 +89,15 @@ def model_seconds(floor: float, codec: float, collective_cpu: float) -> float:
 def checked(shaped: dict[str, Any], unshaped: dict[str, Any]) -> list[dict[str, Any]]:
     """Per shaped entry: its floor and :func:`model_seconds` against its measured time, the
     collectives' CPU time being the unshaped run's time less its codec."""
-    cpu = {row["label"]: row["exchange_s"] - row.get("codec_s", 0.0) for row in unshaped["rows"]}
+    alone = {row["label"]: row for row in unshaped["rows"]}
     out = []
     for row in shaped["rows"]:
-        codec = row.get("codec_s", 0.0)
-        model = model_seconds(row["floor_s"], codec, max(cpu[row["label"]], 0.0)) if row["label"] in cpu else None
+        codec, before = row.get("codec_s", 0.0), alone.get(row["label"])
+        cpu = None if before is None else max(before["exchange_s"] - before.get("codec_s", 0.0), 0.0)
+        model = None if cpu is None else model_seconds(row["floor_s"], codec, cpu)
         out.append({"label": row["label"], "measured_s": row["exchange_s"], "range_s": row["exchange_range_s"],
                     "floor_s": row["floor_s"], "vs_floor": row["vs_floor"], "codec_s": codec,
-                    "unshaped_s": next((r["exchange_s"] for r in unshaped["rows"] if r["label"] == row["label"]), None),
+                    "unshaped_s": None if before is None else before["exchange_s"],
                     "model_s": model, "model_error": model / row["exchange_s"] - 1 if model else None,
                     "mean_bytes": row["mean_bytes_sent_per_step"], "max_bytes": row["max_bytes_sent_per_step"],
                     "link_bytes": row["link_bytes_per_step"],
